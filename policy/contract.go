@@ -1,0 +1,181 @@
+package policy
+
+import "context"
+
+// ContractVersion is the version of the input and decision documents below.
+// A bundle may check input.version to refuse inputs it was not written for.
+const ContractVersion = "v1"
+
+// Input kinds.
+const (
+	KindSandbox   = "sandbox"   // a node is about to start a pod sandbox
+	KindAdmission = "admission" // the API server is admitting a pod or pod template
+)
+
+// Input is the document a policy bundle sees as `input`. Identity (tenant,
+// tier) is never part of it: the bundle derives it from Namespace through
+// data.bulkhead.tenants.
+type Input struct {
+	// Version is ContractVersion.
+	Version string `json:"version"`
+	// Kind is KindSandbox or KindAdmission.
+	Kind string `json:"kind"`
+	// Namespace is the pod's Kubernetes namespace, as set by the kubelet
+	// (CRI annotation io.kubernetes.cri.sandbox-namespace) or the API server.
+	Namespace string `json:"namespace"`
+	// Pod describes the pod as written by its author.
+	Pod Pod `json:"pod"`
+	// Request is what the pod asks Bulkhead for, parsed from bulkhead.dev/ annotations.
+	Request Request `json:"request"`
+	// Usage is the tenant's current consumption (node-wide for sandboxes,
+	// cluster-wide for admission), not counting this pod.
+	Usage Usage `json:"usage"`
+	// Node describes the node's GPUs; nil for admission.
+	Node *Node `json:"node,omitempty"`
+}
+
+// Pod is the part of a pod spec that policy rules look at.
+type Pod struct {
+	Name        string            `json:"name"`
+	UID         string            `json:"uid,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	// RuntimeHandler is the CRI runtime handler (RuntimeClass handler); empty
+	// when the pod names no RuntimeClass.
+	RuntimeHandler string      `json:"runtime_handler"`
+	HostNetwork    bool        `json:"host_network,omitempty"`
+	HostPID        bool        `json:"host_pid,omitempty"`
+	HostIPC        bool        `json:"host_ipc,omitempty"`
+	Containers     []Container `json:"containers,omitempty"`
+}
+
+// Container is one container of a pod.
+type Container struct {
+	Name       string `json:"name"`
+	Image      string `json:"image,omitempty"`
+	Privileged bool   `json:"privileged,omitempty"`
+	// Devices are host device paths the container asks for.
+	Devices []string `json:"devices,omitempty"`
+	// MemoryBytes is the container's memory limit; 0 when unset.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+}
+
+// Request is what the pod asks for beyond a plain sandbox.
+type Request struct {
+	// GPU is nil when the pod asks for no GPU.
+	GPU *GPURequest `json:"gpu,omitempty"`
+	// RDMA asks for RDMA devices (the tenant's own VF).
+	RDMA bool `json:"rdma,omitempty"`
+	// MemoryBytes is the pod's total memory limit; 0 when unset.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+}
+
+// GPURequest asks for GPU capacity.
+type GPURequest struct {
+	// Profile is a MIG profile name such as "1g.18gb", or "whole" for a full GPU.
+	Profile string `json:"profile"`
+	// Count is the number of slices (or whole GPUs); at least 1.
+	Count int `json:"count"`
+}
+
+// Usage is a tenant's current consumption.
+type Usage struct {
+	Sandboxes   int   `json:"sandboxes"`
+	GPUSlices   int   `json:"gpu_slices"`
+	MemoryBytes int64 `json:"memory_bytes"`
+}
+
+// Node describes the node that will run the sandbox.
+type Node struct {
+	Name string    `json:"name,omitempty"`
+	GPUs []NodeGPU `json:"gpus,omitempty"`
+}
+
+// NodeGPU is one physical GPU of the node.
+type NodeGPU struct {
+	Index      int    `json:"index"`
+	Model      string `json:"model"`
+	MIGEnabled bool   `json:"mig_enabled"`
+	// FreeSlices is the number of free compute slices (0..7).
+	FreeSlices int `json:"free_slices"`
+	// Tenants are the tenants that already hold a slice of this GPU.
+	Tenants []string `json:"tenants,omitempty"`
+}
+
+// Runtimes a decision may choose.
+const (
+	RuntimeGVisor = "gvisor"
+	RuntimeRunc   = "runc"
+)
+
+// RDMA answers.
+const (
+	RDMADeny  = "deny"
+	RDMAOwnVF = "own-vf"
+)
+
+// Enforcement modes of a reason.
+const (
+	EnforceDeny  = "deny"
+	EnforceWarn  = "warn"
+	EnforceAudit = "audit"
+)
+
+// Decision is data.bulkhead.decision, checked for shape by the engine.
+type Decision struct {
+	Allow bool `json:"allow"`
+	// Reasons lists every rule that fired, deny or not.
+	Reasons []Reason `json:"reasons"`
+	Tenant  string   `json:"tenant"`
+	Tier    string   `json:"tier"`
+	// Runtime is RuntimeGVisor or RuntimeRunc.
+	Runtime  string          `json:"runtime"`
+	GPU      GPUDecision     `json:"gpu"`
+	Network  NetworkDecision `json:"network"`
+	RDMA     string          `json:"rdma"`
+	Warnings []string        `json:"warnings,omitempty"`
+	// ID and Revision are filled by the engine: the decision id written to the
+	// decision log and the revision of the bundle that made it.
+	ID       string `json:"decision_id,omitempty"`
+	Revision string `json:"revision,omitempty"`
+}
+
+// Reason is one rule that fired.
+type Reason struct {
+	// Rule is a stable identifier such as "runtime.untrusted_requires_gvisor".
+	Rule    string `json:"rule"`
+	Message string `json:"message"`
+	// Enforcement is EnforceDeny, EnforceWarn or EnforceAudit (default deny).
+	Enforcement string `json:"enforcement,omitempty"`
+}
+
+// GPUDecision says what GPU capacity the pod may get.
+type GPUDecision struct {
+	// AllowedProfiles are the MIG profiles the tier may use; empty means none.
+	AllowedProfiles []string `json:"allowed_profiles"`
+	// MaxSlices caps the tenant's total compute slices on the node.
+	MaxSlices int `json:"max_slices"`
+	// WholeGPU allows whole, non-MIG GPUs.
+	WholeGPU bool `json:"whole_gpu"`
+	// ExclusivePhysicalGPU forbids sharing a physical GPU with other tenants.
+	ExclusivePhysicalGPU bool `json:"exclusive_physical_gpu"`
+	// MIGInSandbox says what to do when the sandbox cannot use a MIG slice
+	// (gVisor's nvproxy exposes no /dev/nvidia-caps): "refuse" or "whole-gpu".
+	MIGInSandbox string `json:"mig_in_sandbox,omitempty"`
+}
+
+// NetworkDecision configures the tenant fence for the pod.
+type NetworkDecision struct {
+	// Isolation is "tenant" (fence across tenants) or "none".
+	Isolation string `json:"isolation"`
+	// EgressCIDRs, when non-nil, are the only destinations outside the
+	// cluster the pod may reach.
+	EgressCIDRs  []string `json:"egress_cidrs"`
+	DenyMetadata bool     `json:"deny_metadata"`
+}
+
+// Decider makes policy decisions. Implementations fail closed: any error
+// yields a Decision with Allow false and a reason naming the failure.
+type Decider interface {
+	Decide(ctx context.Context, in Input) (Decision, error)
+}
