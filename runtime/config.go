@@ -1,0 +1,211 @@
+package runtime
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// DefaultConfigPath is where the shim reads its configuration unless the
+// environment variable named by ConfigEnv overrides it.
+const (
+	DefaultConfigPath = "/etc/bulkhead/config.toml"
+	ConfigEnv         = "BULKHEAD_CONFIG"
+)
+
+// Config is the shim's own configuration file. containerd's CRI runtime
+// options cannot carry it (gVisor's library cannot decode them in a Go-module
+// build), so the shim reads this file instead and hands runsc its part.
+type Config struct {
+	// RunscPath is the absolute path of the runsc binary.
+	RunscPath string `toml:"runsc_path"`
+	// RunscRoot is runsc's state root (--root). Each sandbox keeps its
+	// container state there.
+	RunscRoot string `toml:"runsc_root"`
+	// StateDir holds Bulkhead's per-sandbox records. It must be private to
+	// this node's shims.
+	StateDir string `toml:"state_dir"`
+	// LedgerPath is the node ledger database (quota, MIG and eBPF
+	// reservations) shared by every shim on the node.
+	LedgerPath string `toml:"ledger_path"`
+	// Runsc holds the flags passed to every runsc invocation.
+	Runsc RunscConfig `toml:"runsc"`
+	// Policy locates the signed policy bundle.
+	Policy PolicyConfig `toml:"policy"`
+	// Pipeline switches the placement pipeline (policy, quota, MIG, fence).
+	Pipeline PipelineConfig `toml:"pipeline"`
+	// Debug turns on debug logging in the shim and runsc.
+	Debug bool `toml:"debug"`
+	// LogDir, when set, receives runsc's debug logs (one directory per sandbox).
+	LogDir string `toml:"log_dir"`
+}
+
+// RunscConfig holds runsc's flags.
+type RunscConfig struct {
+	// Platform is runsc's --platform: systrap, ptrace or kvm.
+	Platform string `toml:"platform"`
+	// Network is runsc's --network: sandbox, host or none.
+	Network string `toml:"network"`
+	// ExtraFlags are further runsc flags, each "name=value" or "--name=value".
+	ExtraFlags []string `toml:"extra_flags"`
+}
+
+// PolicyConfig locates the policy bundle and its verification key.
+type PolicyConfig struct {
+	// Bundle is a bundle directory or .tar.gz; empty disables the policy
+	// (only allowed with the pipeline disabled).
+	Bundle string `toml:"bundle"`
+	// KeyFile is the PEM public key that verifies the bundle's signature.
+	KeyFile string `toml:"key_file"`
+	// KeyID names KeyFile in the bundle's signatures.
+	KeyID string `toml:"key_id"`
+	// Scope is the signature scope the bundle must carry.
+	Scope string `toml:"scope"`
+	// InsecureSkipVerification loads unsigned bundles. Development only.
+	InsecureSkipVerification bool `toml:"insecure_skip_verification"`
+	// Data is an optional JSON file merged into the bundle's data (tenants).
+	Data string `toml:"data"`
+	// DecisionLog is a file for decision logs; "-" is stdout, empty is off.
+	DecisionLog string `toml:"decision_log"`
+}
+
+// PipelineConfig switches the placement pipeline.
+type PipelineConfig struct {
+	// Enabled runs the pipeline for every sandbox. When false the shim only
+	// records sandboxes and passes through to gVisor (used as the baseline
+	// of `make bench-start`).
+	Enabled bool `toml:"enabled"`
+}
+
+// DefaultConfig is the configuration used for keys the file leaves out.
+func DefaultConfig() Config {
+	return Config{
+		RunscPath:  "/usr/local/bin/runsc",
+		RunscRoot:  "/run/bulkhead/runsc",
+		StateDir:   "/run/bulkhead",
+		LedgerPath: "/var/lib/bulkhead/ledger.db",
+		Runsc:      RunscConfig{Platform: "systrap", Network: "sandbox"},
+		Pipeline:   PipelineConfig{Enabled: true},
+	}
+}
+
+// ConfigPath returns the configuration path from the environment or the default.
+func ConfigPath() string {
+	if p := os.Getenv(ConfigEnv); p != "" {
+		return p
+	}
+	return DefaultConfigPath
+}
+
+// LoadConfig reads and validates the configuration file at path.
+func LoadConfig(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig decodes a configuration document strictly (unknown keys are
+// refused) over DefaultConfig and validates it.
+func ParseConfig(data []byte) (Config, error) {
+	cfg := DefaultConfig()
+	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			keys := make([]string, 0, len(strict.Errors))
+			for _, e := range strict.Errors {
+				keys = append(keys, strings.Join(e.Key(), "."))
+			}
+			return Config{}, fmt.Errorf("unknown key(s) %s: not a Bulkhead setting", strings.Join(keys, ", "))
+		}
+		var de *toml.DecodeError
+		if errors.As(err, &de) {
+			row, col := de.Position()
+			return Config{}, fmt.Errorf("line %d column %d: %s", row, col, de.Error())
+		}
+		return Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+var (
+	validPlatforms = []string{"systrap", "ptrace", "kvm"}
+	validNetworks  = []string{"sandbox", "host", "none"}
+	// reservedFlags are set by the shim itself and may not be overridden.
+	reservedFlags = []string{"root", "platform", "network", "debug", "debug-log", "log", "log-format"}
+)
+
+// Validate checks every field and names the first bad one.
+func (c Config) Validate() error {
+	for _, p := range []struct{ key, val string }{
+		{"runsc_path", c.RunscPath}, {"runsc_root", c.RunscRoot}, {"state_dir", c.StateDir}, {"ledger_path", c.LedgerPath},
+	} {
+		if p.val == "" {
+			return fmt.Errorf("%s: must be set", p.key)
+		}
+		if !filepath.IsAbs(p.val) {
+			return fmt.Errorf("%s: %q must be an absolute path", p.key, p.val)
+		}
+	}
+	if c.LogDir != "" && !filepath.IsAbs(c.LogDir) {
+		return fmt.Errorf("log_dir: %q must be an absolute path", c.LogDir)
+	}
+	if !slices.Contains(validPlatforms, c.Runsc.Platform) {
+		return fmt.Errorf("runsc.platform: %q is not one of %s", c.Runsc.Platform, strings.Join(validPlatforms, ", "))
+	}
+	if !slices.Contains(validNetworks, c.Runsc.Network) {
+		return fmt.Errorf("runsc.network: %q is not one of %s", c.Runsc.Network, strings.Join(validNetworks, ", "))
+	}
+	if _, err := c.Runsc.flagMap(); err != nil {
+		return err
+	}
+	if c.Pipeline.Enabled && c.Policy.Bundle == "" {
+		return errors.New("policy.bundle: must be set while pipeline.enabled is true (the pipeline fails closed without a policy)")
+	}
+	if c.Policy.Bundle != "" && !c.Policy.InsecureSkipVerification && (c.Policy.KeyFile == "" || c.Policy.KeyID == "") {
+		return errors.New("policy.key_file and policy.key_id: must be set to verify the bundle (or set policy.insecure_skip_verification for development)")
+	}
+	return nil
+}
+
+// RunscFlags returns every runsc flag (without leading dashes) the shim
+// passes: platform, network and the extra flags.
+func (c Config) RunscFlags() map[string]string {
+	m, _ := c.Runsc.flagMap()
+	m["platform"] = c.Runsc.Platform
+	m["network"] = c.Runsc.Network
+	return m
+}
+
+func (r RunscConfig) flagMap() (map[string]string, error) {
+	m := map[string]string{}
+	for i, f := range r.ExtraFlags {
+		name, value, ok := strings.Cut(strings.TrimLeft(f, "-"), "=")
+		if !ok {
+			value = "true"
+		}
+		if name == "" || strings.ContainsAny(name, " \t") {
+			return nil, fmt.Errorf("runsc.extra_flags[%d]: %q is not a flag of the form name=value", i, f)
+		}
+		if slices.Contains(reservedFlags, name) {
+			return nil, fmt.Errorf("runsc.extra_flags[%d]: %q is set by Bulkhead itself (use the dedicated key)", i, name)
+		}
+		m[name] = value
+	}
+	return m, nil
+}

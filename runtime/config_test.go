@@ -1,0 +1,139 @@
+package runtime
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		doc     string
+		wantErr string // substring; empty means success
+		check   func(t *testing.T, c Config)
+	}{
+		{
+			name: "defaults with an insecure dev bundle",
+			doc:  "[policy]\nbundle = \"/etc/bulkhead/bundle\"\ninsecure_skip_verification = true\n",
+			check: func(t *testing.T, c Config) {
+				if c.RunscPath != "/usr/local/bin/runsc" || c.Runsc.Platform != "systrap" || !c.Pipeline.Enabled {
+					t.Errorf("defaults not applied: %+v", c)
+				}
+			},
+		},
+		{
+			name: "pipeline off needs no policy",
+			doc:  "[pipeline]\nenabled = false\n",
+		},
+		{
+			name: "every key",
+			doc: `runsc_path = "/opt/runsc"
+runsc_root = "/run/x/runsc"
+state_dir = "/run/x"
+ledger_path = "/var/lib/x/ledger.db"
+debug = true
+log_dir = "/var/log/bulkhead"
+[runsc]
+platform = "ptrace"
+network = "none"
+extra_flags = ["--overlay2=none", "watchdog-action=panic", "--strace"]
+[policy]
+bundle = "/etc/bulkhead/bundle.tar.gz"
+key_file = "/etc/bulkhead/key.pem"
+key_id = "bulkhead"
+scope = "bulkhead"
+[pipeline]
+enabled = true
+`,
+			check: func(t *testing.T, c Config) {
+				f := c.RunscFlags()
+				want := map[string]string{"platform": "ptrace", "network": "none", "overlay2": "none", "watchdog-action": "panic", "strace": "true"}
+				for k, v := range want {
+					if f[k] != v {
+						t.Errorf("flag %s = %q, want %q", k, f[k], v)
+					}
+				}
+			},
+		},
+		{name: "unknown top-level key", doc: "runsc_pth = \"/x\"\n", wantErr: "unknown key(s) runsc_pth"},
+		{name: "unknown nested key", doc: "[runsc]\nplatfrom = \"kvm\"\n", wantErr: "unknown key(s) runsc.platfrom"},
+		{name: "bad platform", doc: "[runsc]\nplatform = \"xen\"\n[pipeline]\nenabled=false\n", wantErr: `runsc.platform: "xen" is not one of`},
+		{name: "bad network", doc: "[runsc]\nnetwork = \"bridge\"\n[pipeline]\nenabled=false\n", wantErr: `runsc.network: "bridge"`},
+		{name: "relative path", doc: "runsc_path = \"runsc\"\n[pipeline]\nenabled=false\n", wantErr: "runsc_path: \"runsc\" must be an absolute path"},
+		{name: "empty state dir", doc: "state_dir = \"\"\n[pipeline]\nenabled=false\n", wantErr: "state_dir: must be set"},
+		{name: "reserved flag", doc: "[runsc]\nextra_flags = [\"--root=/tmp\"]\n[pipeline]\nenabled=false\n", wantErr: `runsc.extra_flags[0]: "root" is set by Bulkhead`},
+		{name: "malformed flag", doc: "[runsc]\nextra_flags = [\"--\"]\n[pipeline]\nenabled=false\n", wantErr: "runsc.extra_flags[0]"},
+		{name: "pipeline without policy", doc: "", wantErr: "policy.bundle: must be set"},
+		{name: "bundle without key", doc: "[policy]\nbundle = \"/b\"\n", wantErr: "policy.key_file and policy.key_id"},
+		{name: "wrong type", doc: "debug = \"yes\"\n", wantErr: "line 1"},
+		{name: "not toml", doc: "[runsc\n", wantErr: "line"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := ParseConfig([]byte(tt.doc))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want it to contain %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.check != nil {
+				tt.check(t, c)
+			}
+		})
+	}
+}
+
+func TestLoadConfigNamesTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte("bogus = 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadConfig(path)
+	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "bogus") {
+		t.Fatalf("error = %v, want the path and the key", err)
+	}
+	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.toml")); err == nil {
+		t.Fatal("missing file: want an error")
+	}
+}
+
+func TestConfigPathFromEnvironment(t *testing.T) {
+	t.Setenv(ConfigEnv, "")
+	if got := ConfigPath(); got != DefaultConfigPath {
+		t.Errorf("ConfigPath() = %q, want default", got)
+	}
+	t.Setenv(ConfigEnv, "/tmp/x.toml")
+	if got := ConfigPath(); got != "/tmp/x.toml" {
+		t.Errorf("ConfigPath() = %q", got)
+	}
+}
+
+func TestGVisorOptionsRoundTrip(t *testing.T) {
+	cfg, err := ParseConfig([]byte("[pipeline]\nenabled=false\n[runsc]\nextra_flags=[\"overlay2=none\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := encodeGVisorOptions(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"grouping = true", "binary_name = '/usr/local/bin/runsc'", "root = '/run/bulkhead/runsc'", "overlay2 = 'none'", "platform = 'systrap'"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("gVisor options lack %q:\n%s", want, data)
+		}
+	}
+	// The task options gVisor receives decode back to the file's path.
+	anyOpts, err := containerOptions("/run/bulkhead/sandboxes/x/runsc.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if anyOpts.TypeUrl != runtimeOptionsTypeURL || !strings.Contains(string(anyOpts.Value), "/run/bulkhead/sandboxes/x/runsc.toml") {
+		t.Errorf("task options = %s %s", anyOpts.TypeUrl, anyOpts.Value)
+	}
+}

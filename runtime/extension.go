@@ -1,0 +1,227 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	task "github.com/containerd/containerd/api/runtime/task/v2"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"gvisor.dev/gvisor/pkg/shim/v1/extension"
+)
+
+// RequestAnnotationPrefix marks pod annotations that are requests to
+// Bulkhead (GPU profile, RDMA). They are never identity.
+const RequestAnnotationPrefix = "bulkhead.dev/"
+
+// DefaultHandler is the CRI runtime handler (RuntimeClass handler) that
+// selects Bulkhead when containerd does not say which handler it used.
+const DefaultHandler = "bulkhead"
+
+// runscOptionsFile is the per-sandbox file gVisor's task service reads its
+// options from (see containerOptions).
+const runscOptionsFile = "runsc.toml"
+
+// RegisterPodExtension installs Bulkhead's pod extension in gVisor's shim
+// library. gVisor calls it once per pod, on the sandbox's Create.
+func RegisterPodExtension() {
+	extension.NewPodExtension = func(ctx context.Context, next extension.TaskServiceExt, req *task.CreateTaskRequest) (extension.TaskServiceExt, error) {
+		cfg, err := LoadConfig(ConfigPath())
+		if err != nil {
+			return nil, err
+		}
+		WarnOOMScore(ctx)
+		return NewPodExtension(cfg, next), nil
+	}
+}
+
+// PodExtension sits in front of gVisor's task service for one pod. It is
+// the single place where the placement pipeline plugs in; all calls it does
+// not override go straight to gVisor.
+type PodExtension struct {
+	extension.TaskServiceExt
+
+	cfg   Config
+	state *StateDir
+
+	// mu guards sandbox and options.
+	mu sync.Mutex
+	// sandbox is the pod's record, nil until the sandbox container is created.
+	sandbox *Sandbox
+	// options points gVisor at the pod's runsc options file.
+	options *specOptions
+}
+
+type specOptions struct{ path string }
+
+// NewPodExtension returns the extension for one pod in front of next.
+func NewPodExtension(cfg Config, next extension.TaskServiceExt) *PodExtension {
+	return &PodExtension{TaskServiceExt: next, cfg: cfg, state: NewStateDir(cfg.StateDir)}
+}
+
+// Create records the sandbox (before anything is created, so a crash leaves
+// a trace for GC), points gVisor at Bulkhead's runsc options, and creates
+// the container.
+func (p *PodExtension) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.CreateTaskResponse, error) {
+	return p.create(ctx, r, func() (*task.CreateTaskResponse, error) { return p.TaskServiceExt.Create(ctx, r) })
+}
+
+// CreateWithFSRestore is Create for a container restored from a snapshot.
+func (p *PodExtension) CreateWithFSRestore(ctx context.Context, r *extension.CreateWithFSRestoreRequest) (*task.CreateTaskResponse, error) {
+	return p.create(ctx, r.Create, func() (*task.CreateTaskResponse, error) { return p.TaskServiceExt.CreateWithFSRestore(ctx, r) })
+}
+
+func (p *PodExtension) create(ctx context.Context, r *task.CreateTaskRequest, next func() (*task.CreateTaskResponse, error)) (*task.CreateTaskResponse, error) {
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", r.ID, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	isSandbox := spec.Annotations[AnnotationContainerType] == containerTypeSandbox
+	if isSandbox || p.sandbox == nil {
+		if p.sandbox != nil {
+			return nil, fmt.Errorf("container %s: pod already has sandbox %s", r.ID, p.sandbox.ID)
+		}
+		sb := SandboxFromSpec(r.ID, r.Bundle, spec, p.cfg)
+		sb.ShimPID = os.Getpid()
+		if err := p.state.Save(sb); err != nil {
+			return nil, err
+		}
+		data, err := encodeGVisorOptions(p.cfg)
+		if err != nil {
+			return nil, err
+		}
+		path, err := p.state.WriteFile(sb.ID, runscOptionsFile, data)
+		if err != nil {
+			return nil, err
+		}
+		p.sandbox, p.options = sb, &specOptions{path: path}
+		log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s", sb.ID, sb.Namespace, sb.Name, sb.Handler)
+	}
+
+	opts, err := containerOptions(p.options.path)
+	if err != nil {
+		return nil, err
+	}
+	r.Options = opts
+	resp, err := next()
+	if err != nil {
+		if isSandbox {
+			// Nothing was created: leave nothing behind.
+			if rerr := p.state.Remove(p.sandbox.ID); rerr != nil {
+				log.G(ctx).WithError(rerr).Warnf("sandbox %s: remove record after failed create", p.sandbox.ID)
+			}
+			p.sandbox, p.options = nil, nil
+		}
+		return nil, err
+	}
+	if isSandbox {
+		p.sandbox.Phase = PhaseCreated
+	} else {
+		p.sandbox.Containers = append(p.sandbox.Containers, r.ID)
+	}
+	if err := p.state.Save(p.sandbox); err != nil {
+		log.G(ctx).WithError(err).Warnf("sandbox %s: update record", p.sandbox.ID)
+	}
+	return resp, nil
+}
+
+// Delete deletes a container; deleting the sandbox container drops
+// everything Bulkhead kept for the pod.
+func (p *PodExtension) Delete(ctx context.Context, r *task.DeleteRequest) (*task.DeleteResponse, error) {
+	resp, err := p.TaskServiceExt.Delete(ctx, r)
+	if err != nil || r.ExecID != "" {
+		return resp, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sandbox == nil {
+		return resp, nil
+	}
+	if r.ID == p.sandbox.ID {
+		if rerr := p.state.Remove(p.sandbox.ID); rerr != nil {
+			log.G(ctx).WithError(rerr).Warnf("sandbox %s: remove record", p.sandbox.ID)
+		}
+		log.G(ctx).Infof("sandbox %s: deleted", p.sandbox.ID)
+		return resp, nil
+	}
+	p.sandbox.Containers = slices.DeleteFunc(p.sandbox.Containers, func(id string) bool { return id == r.ID })
+	if err := p.state.Save(p.sandbox); err != nil {
+		log.G(ctx).WithError(err).Warnf("sandbox %s: update record", p.sandbox.ID)
+	}
+	return resp, nil
+}
+
+// Shutdown asks gVisor's task service to exit. While containers remain it
+// refuses with an error, and gVisor's redirector then answers containerd
+// with a nil response that ttrpc cannot marshal. Returning an empty response
+// alongside the error keeps the shim running and answers containerd
+// properly (the redirector turns the error into success without exiting).
+func (p *PodExtension) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*ptypes.Empty, error) {
+	resp, err := p.TaskServiceExt.Shutdown(ctx, r)
+	if resp == nil {
+		resp = &ptypes.Empty{}
+	}
+	return resp, err
+}
+
+// SandboxFromSpec builds the record of a sandbox from its OCI spec: the
+// pod's identity comes from the CRI annotations containerd sets, never from
+// the pod's own annotations.
+func SandboxFromSpec(id, bundle string, spec *specs.Spec, cfg Config) *Sandbox {
+	ann := spec.Annotations
+	sb := &Sandbox{
+		ID:        id,
+		Namespace: ann[AnnotationSandboxNamespace],
+		Name:      ann[AnnotationSandboxName],
+		UID:       ann[AnnotationSandboxUID],
+		Handler:   ann[AnnotationRuntimeHandler],
+		Bundle:    bundle,
+		Phase:     PhaseCreating,
+		CreatedAt: time.Now().UTC(),
+	}
+	if sb.Handler == "" {
+		sb.Handler = DefaultHandler
+	}
+	for k, v := range ann {
+		if strings.HasPrefix(k, RequestAnnotationPrefix) {
+			if sb.Annotations == nil {
+				sb.Annotations = map[string]string{}
+			}
+			sb.Annotations[k] = v
+		}
+	}
+	if spec.Linux != nil {
+		for _, ns := range spec.Linux.Namespaces {
+			if ns.Type == specs.NetworkNamespace {
+				sb.NetNS = ns.Path
+			}
+		}
+	}
+	return sb
+}
+
+func readSpec(bundle string) (*specs.Spec, error) {
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("read OCI spec: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, fmt.Errorf("decode OCI spec: %w", err)
+	}
+	if spec.Annotations == nil {
+		spec.Annotations = map[string]string{}
+	}
+	return &spec, nil
+}

@@ -1,0 +1,87 @@
+package runtime
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+func TestStateDirLifecycle(t *testing.T) {
+	s := NewStateDir(t.TempDir())
+	sb := &Sandbox{ID: "abc123", Namespace: "agents", Name: "p", Phase: PhaseCreating}
+	if err := s.Save(sb); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.WriteFile("abc123", "runsc.toml", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load("abc123")
+	if err != nil || got.Namespace != "agents" || got.Phase != PhaseCreating {
+		t.Fatalf("Load = %+v, %v", got, err)
+	}
+	ids, err := s.List()
+	if err != nil || !reflect.DeepEqual(ids, []string{"abc123"}) {
+		t.Fatalf("List = %v, %v", ids, err)
+	}
+	if err := s.Remove("abc123"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove("abc123"); err != nil {
+		t.Fatalf("second Remove: %v", err)
+	}
+	ids, _ = s.List()
+	if len(ids) != 0 {
+		t.Fatalf("after Remove: %v", ids)
+	}
+	// No temporary files are left behind by atomic writes.
+	entries, _ := os.ReadDir(filepath.Join(s.Root(), "sandboxes"))
+	if len(entries) != 0 {
+		t.Fatalf("left: %v", entries)
+	}
+}
+
+func TestStateDirRefusesBadIDs(t *testing.T) {
+	s := NewStateDir(t.TempDir())
+	for _, id := range []string{"", "../etc", "a/b", ".hidden", strings.Repeat("x", 200)} {
+		if err := s.Save(&Sandbox{ID: id}); err == nil || !strings.Contains(err.Error(), "sandbox id") {
+			t.Errorf("Save(%q) = %v, want a sandbox id error", id, err)
+		}
+	}
+}
+
+func TestSandboxFromSpec(t *testing.T) {
+	spec := &specs.Spec{
+		Annotations: map[string]string{
+			AnnotationContainerType:    "sandbox",
+			AnnotationSandboxNamespace: "agents",
+			AnnotationSandboxName:      "coder-1",
+			AnnotationSandboxUID:       "u-1",
+			"bulkhead.dev/gpu-profile": "1g.18gb",
+			"bulkhead.dev/tenant":      "someone-else",
+			"other.io/x":               "y",
+		},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.PIDNamespace},
+			{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"},
+		}},
+	}
+	sb := SandboxFromSpec("id1", "/b", spec, DefaultConfig())
+	if sb.Namespace != "agents" || sb.Name != "coder-1" || sb.UID != "u-1" || sb.Handler != DefaultHandler {
+		t.Errorf("identity: %+v", sb)
+	}
+	if sb.NetNS != "/var/run/netns/cni-1" {
+		t.Errorf("netns = %q", sb.NetNS)
+	}
+	want := map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb", "bulkhead.dev/tenant": "someone-else"}
+	if !reflect.DeepEqual(sb.Annotations, want) {
+		t.Errorf("annotations = %v", sb.Annotations)
+	}
+	spec.Annotations[AnnotationRuntimeHandler] = "bulkhead-debug"
+	if sb := SandboxFromSpec("id1", "/b", spec, DefaultConfig()); sb.Handler != "bulkhead-debug" {
+		t.Errorf("handler from annotation = %q", sb.Handler)
+	}
+}

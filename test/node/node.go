@@ -1,0 +1,436 @@
+// Package node starts a private local node for tests, benchmarks and the
+// demo: a containerd with its own root, state, socket and CNI bridge, the
+// Bulkhead shim registered as runtime handler "bulkhead", and the local
+// busybox images imported. Nothing it creates lives outside its directory
+// except the bridge interface and the veths CNI makes, which Stop removes.
+package node
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/template"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/bulkhead-runtime/bulkhead/test/images"
+)
+
+// Handler is the CRI runtime handler that selects Bulkhead.
+const Handler = "bulkhead"
+
+// Options configures a node.
+type Options struct {
+	// Dir holds everything the node writes; it must be empty or absent.
+	Dir string
+	// BinDir holds containerd, ctr, runsc and the Bulkhead shim.
+	BinDir []string
+	// Bridge is the CNI bridge's name (at most 15 bytes).
+	Bridge string
+	// Subnet is the pod CIDR of the bridge, e.g. "10.88.7.0/24".
+	Subnet string
+	// ShimConfig is extra TOML appended to the shim's config (policy, pipeline).
+	ShimConfig string
+	// PipelineEnabled switches Bulkhead's placement pipeline.
+	PipelineEnabled bool
+	// Busybox is the busybox-static binary the images are built from.
+	Busybox string
+}
+
+// Node is a running private node.
+type Node struct {
+	opts      Options
+	Socket    string
+	StateDir  string // Bulkhead's state dir
+	RunscRoot string
+	ShimConf  string
+	cmd       *exec.Cmd
+	conn      *grpc.ClientConn
+	Runtime   cri.RuntimeServiceClient
+	Images    cri.ImageServiceClient
+	logFile   *os.File
+	// exited is closed when containerd has exited.
+	exited chan struct{}
+}
+
+// Requirements reports what this machine lacks to run a node, or nil.
+func Requirements(binDirs []string) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (containerd, runsc, CNI)")
+	}
+	for _, bin := range []string{"containerd", "ctr", "runsc", "containerd-shim-bulkhead-v1"} {
+		if _, err := lookPath(bin, binDirs); err != nil {
+			return fmt.Errorf("needs %s (run `make build tools`)", bin)
+		}
+	}
+	for _, p := range []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback"} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("needs CNI plugin %s (Debian containernetworking-plugins)", p)
+		}
+	}
+	if _, err := os.Stat(images.DefaultBusybox); err != nil {
+		return fmt.Errorf("needs %s (Debian busybox-static)", images.DefaultBusybox)
+	}
+	return nil
+}
+
+func lookPath(bin string, dirs []string) (string, error) {
+	for _, d := range dirs {
+		p := filepath.Join(d, bin)
+		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return exec.LookPath(bin)
+}
+
+// BinDirs returns the directories binaries are looked up in: $BULKHEAD_BIN,
+// $TOOLS_DIR/bin, the default tools cache, then PATH.
+func BinDirs() []string {
+	var dirs []string
+	if d := os.Getenv("BULKHEAD_BIN"); d != "" {
+		dirs = append(dirs, d)
+	}
+	if d := os.Getenv("TOOLS_DIR"); d != "" {
+		dirs = append(dirs, filepath.Join(d, "bin"))
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		dirs = append(dirs, filepath.Join(home, ".cache", "bulkhead", "tools", "bin"))
+	}
+	return dirs
+}
+
+var containerdConfig = template.Must(template.New("containerd").Parse(`version = 3
+root = "{{.Dir}}/root"
+state = "{{.Dir}}/state"
+[grpc]
+  address = "{{.Socket}}"
+[ttrpc]
+  address = "{{.Socket}}.ttrpc"
+[debug]
+  level = "info"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{{.PauseImage}}"
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  enable_selinux = false
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "{{.Handler}}"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.Handler}}]
+      runtime_type = "io.containerd.bulkhead.v1"
+      runtime_path = "{{.Shim}}"
+      pod_annotations = ["bulkhead.dev/*"]
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{{.Dir}}/cni"
+    max_conf_num = 1
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+`))
+
+var cniConfig = template.Must(template.New("cni").Parse(`{
+  "cniVersion": "1.0.0",
+  "name": "bulkhead-{{.Bridge}}",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "{{.Bridge}}",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "{{.Dir}}/cni-ipam",
+        "ranges": [[{"subnet": "{{.Subnet}}"}]]
+      }
+    },
+    {"type": "loopback"}
+  ]
+}
+`))
+
+// Start writes the configuration, starts containerd and waits until its CRI
+// answers, then imports the local images.
+func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
+	if opts.Bridge == "" || len(opts.Bridge) > 15 {
+		return nil, fmt.Errorf("bridge %q: must be 1 to 15 bytes", opts.Bridge)
+	}
+	if opts.Busybox == "" {
+		opts.Busybox = images.DefaultBusybox
+	}
+	if err := os.MkdirAll(opts.Dir, 0o711); err != nil {
+		return nil, err
+	}
+	n := &Node{
+		opts:      opts,
+		Socket:    filepath.Join(opts.Dir, "containerd.sock"),
+		StateDir:  filepath.Join(opts.Dir, "bulkhead"),
+		RunscRoot: filepath.Join(opts.Dir, "runsc"),
+		ShimConf:  filepath.Join(opts.Dir, "bulkhead.toml"),
+	}
+	defer func() {
+		if retErr != nil {
+			n.Stop(context.Background())
+		}
+	}()
+	shim, err := lookPath("containerd-shim-bulkhead-v1", opts.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	runsc, err := lookPath("runsc", opts.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	containerd, err := lookPath("containerd", opts.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"cni", "cni-ipam", "root", "state"} {
+		if err := os.MkdirAll(filepath.Join(opts.Dir, d), 0o711); err != nil {
+			return nil, err
+		}
+	}
+	data := map[string]string{
+		"Dir": opts.Dir, "Socket": n.Socket, "PauseImage": images.PauseImage, "Handler": Handler,
+		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet,
+	}
+	if err := writeTemplate(filepath.Join(opts.Dir, "containerd.toml"), containerdConfig, data); err != nil {
+		return nil, err
+	}
+	if err := writeTemplate(filepath.Join(opts.Dir, "cni", "10-bulkhead.conflist"), cniConfig, data); err != nil {
+		return nil, err
+	}
+	shimConf := fmt.Sprintf(`runsc_path = %q
+runsc_root = %q
+state_dir = %q
+ledger_path = %q
+log_dir = %q
+[runsc]
+platform = "systrap"
+network = "sandbox"
+[pipeline]
+enabled = %t
+%s`, runsc, n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"), opts.PipelineEnabled, opts.ShimConfig)
+	if err := os.WriteFile(n.ShimConf, []byte(shimConf), 0o644); err != nil {
+		return nil, err
+	}
+
+	n.logFile, err = os.Create(filepath.Join(opts.Dir, "containerd.log"))
+	if err != nil {
+		return nil, err
+	}
+	n.cmd = exec.Command(containerd, "--config", filepath.Join(opts.Dir, "containerd.toml"))
+	n.cmd.Stdout, n.cmd.Stderr = n.logFile, n.logFile
+	n.cmd.Env = append(os.Environ(),
+		"BULKHEAD_CONFIG="+n.ShimConf,
+		"PATH="+strings.Join(append(append([]string{}, opts.BinDir...), os.Getenv("PATH")), ":"))
+	// containerd must outlive a Ctrl-C of the parent long enough to be
+	// stopped in order; give it its own process group.
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := n.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start containerd: %w", err)
+	}
+	n.exited = make(chan struct{})
+	var waitErr error
+	go func() { waitErr = n.cmd.Wait(); close(n.exited) }()
+
+	n.conn, err = grpc.NewClient("unix://"+n.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	n.Runtime = cri.NewRuntimeServiceClient(n.conn)
+	n.Images = cri.NewImageServiceClient(n.conn)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case <-n.exited:
+			return nil, fmt.Errorf("containerd exited: %v (log %s)", waitErr, n.logFile.Name())
+		default:
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := n.Runtime.Version(cctx, &cri.VersionRequest{})
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("containerd CRI not ready: %v (log %s)", err, n.logFile.Name())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := n.importImages(ctx); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func writeTemplate(path string, t *template.Template, data any) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := t.Execute(f, data); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func (n *Node) importImages(ctx context.Context) error {
+	tar := filepath.Join(n.opts.Dir, "images.tar")
+	if err := images.Build(n.opts.Busybox, tar); err != nil {
+		return err
+	}
+	ctr, err := lookPath("ctr", n.opts.BinDir)
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, ctr, "--address", n.Socket, "-n", "k8s.io", "images", "import", "--no-unpack=false", tar).CombinedOutput()
+	if err != nil {
+		out2, err2 := exec.CommandContext(ctx, ctr, "--address", n.Socket, "-n", "k8s.io", "images", "import", tar).CombinedOutput()
+		if err2 != nil {
+			return fmt.Errorf("ctr images import: %v: %s / %s", err2, out, out2)
+		}
+	}
+	return nil
+}
+
+// Log returns containerd's log so far (for test failures).
+func (n *Node) Log() string {
+	if n.logFile == nil {
+		return ""
+	}
+	b, _ := os.ReadFile(n.logFile.Name())
+	return string(b)
+}
+
+// Dir returns the node's directory.
+func (n *Node) Dir() string { return n.opts.Dir }
+
+// Stop removes every pod, stops containerd and removes what the node left:
+// mounts under its directory, the bridge, the directory itself.
+func (n *Node) Stop(ctx context.Context) {
+	if n.Runtime != nil && n.running() {
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		n.RemoveAllPods(cctx)
+		cancel()
+	}
+	if n.conn != nil {
+		n.conn.Close()
+	}
+	if n.running() {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.exited:
+		case <-time.After(15 * time.Second):
+			_ = n.cmd.Process.Kill()
+			<-n.exited
+		}
+	}
+	KillUnder(n.opts.Dir)
+	UnmountUnder(n.opts.Dir)
+	_ = exec.Command("ip", "link", "del", n.opts.Bridge).Run()
+	if n.logFile != nil {
+		n.logFile.Close()
+	}
+	_ = os.RemoveAll(n.opts.Dir)
+}
+
+func (n *Node) running() bool {
+	if n.exited == nil {
+		return false
+	}
+	select {
+	case <-n.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// RemoveAllPods stops and removes every pod sandbox.
+func (n *Node) RemoveAllPods(ctx context.Context) {
+	resp, err := n.Runtime.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+	if err != nil {
+		return
+	}
+	for _, sb := range resp.Items {
+		_, _ = n.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id})
+		_, _ = n.Runtime.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.Id})
+	}
+}
+
+// MountsUnder lists mount points below dir, deepest first.
+func MountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var mounts []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
+			mounts = append(mounts, fields[4])
+		}
+	}
+	// Deepest first so parents unmount after children.
+	for i, j := 0, len(mounts)-1; i < j; i, j = i+1, j-1 {
+		mounts[i], mounts[j] = mounts[j], mounts[i]
+	}
+	return mounts
+}
+
+// UnmountUnder lazily unmounts everything below dir.
+func UnmountUnder(dir string) {
+	for _, m := range MountsUnder(dir) {
+		_ = unix.Unmount(m, unix.MNT_DETACH)
+	}
+}
+
+// ProcessesUnder lists pids whose command line mentions dir (shims, runsc
+// and sandboxes started for the node all carry its paths in their arguments).
+func ProcessesUnder(dir string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(cmdline), dir) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// KillUnder kills every process ProcessesUnder finds.
+func KillUnder(dir string) {
+	for _, pid := range ProcessesUnder(dir) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// BridgeName returns the CNI bridge's name.
+func (n *Node) BridgeName() string { return n.opts.Bridge }
