@@ -36,7 +36,7 @@ vet: ## go vet and gofmt check.
 
 .PHONY: demo
 demo: build tools ## Run a real local node (containerd + Bulkhead + gVisor) with two tenants; needs root.
-	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) bash test/scripts/demo.sh
+	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) run ./test/demo
 
 .PHONY: bench
 bench: bench-policy bench-mig bench-netpol bench-webhook bench-start ## Run every benchmark.
