@@ -1,0 +1,775 @@
+package netpol
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+)
+
+// Verdicts returned by the fence. Under TCX, TCX_NEXT hands the packet to the
+// next program on the interface (the CNI's); under clsact/cls_bpf with
+// direct-action the same value is TC_ACT_UNSPEC, which continues with the next
+// filter. TCX_DROP and TC_ACT_SHOT are both 2.
+const (
+	verdictNext = -1
+	verdictDrop = 2
+)
+
+// Reason is why the fence dropped a packet. Every drop increments exactly one
+// per-tenant, per-reason, per-CPU counter.
+type Reason uint32
+
+const (
+	// ReasonMalformed: a truncated frame or a bad IP header.
+	ReasonMalformed Reason = iota
+	// ReasonEthertype: neither IPv4, IPv6 nor ARP, or a VLAN-tagged frame.
+	ReasonEthertype
+	// ReasonSpoof: the pod sent from an address that is not its own.
+	ReasonSpoof
+	// ReasonTenant: the peer belongs to another tenant.
+	ReasonTenant
+	// ReasonRDMA: RoCEv2 (UDP 4791) without an RDMA grant on both ends of one tenant.
+	ReasonRDMA
+	// ReasonMetadata: a cloud metadata address, for a tier that denies it.
+	ReasonMetadata
+	// ReasonEgress: a peer outside the cluster that is not on the pod's egress allow-list.
+	ReasonEgress
+	// ReasonCluster: an in-cluster or link-local address that no tenant owns
+	// and that is not a shared service of the pod's tier.
+	ReasonCluster
+
+	numReasons
+)
+
+var reasonNames = [numReasons]string{"malformed", "ethertype", "spoof", "tenant", "rdma", "metadata", "egress", "cluster"}
+
+func (r Reason) String() string {
+	if r < numReasons {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", uint32(r))
+}
+
+// Reasons lists every drop reason in counter order.
+func Reasons() []Reason {
+	out := make([]Reason, numReasons)
+	for i := range out {
+		out[i] = Reason(i)
+	}
+	return out
+}
+
+// reasonBits is how far the tenant id is shifted in a drop counter key.
+const reasonBits = 4
+
+// Endpoint flags, stored in endpointValue.Flags and in owner.Flags.
+const (
+	flagRDMA             = 1 << 0
+	flagDenyMetadata     = 1 << 1
+	flagEgressRestricted = 1 << 2
+	flagHasIPv4          = 1 << 3
+	flagHasIPv6          = 1 << 4
+	// flagRemote marks a tenant range configured in Options, not a local pod.
+	flagRemote = 1 << 5
+	// flagClsact records that the endpoint's programs are clsact filters, not TCX links.
+	flagClsact = 1 << 6
+)
+
+// Map names; each map is pinned under Options.PinDir with this name.
+const (
+	mapEndpoints = "endpoints"
+	mapTenantV4  = "tenant_v4"
+	mapTenantV6  = "tenant_v6"
+	mapServiceV4 = "service_v4"
+	mapServiceV6 = "service_v6"
+	mapEgressV4  = "egress_v4"
+	mapEgressV6  = "egress_v6"
+	mapClusterV4 = "cluster_v4"
+	mapClusterV6 = "cluster_v6"
+	mapDrops     = "drops"
+	mapTenantIDs = "tenant_ids"
+	mapTierIDs   = "tier_ids"
+)
+
+// Sizes of the node-wide maps.
+const (
+	maxEndpoints = 1 << 17
+	maxPrefixes  = 1 << 17
+	maxNames     = 1 << 16
+	maxCounters  = 1 << 16
+	// nameLen bounds tenant and tier names (and so map keys).
+	nameLen = 64
+	// sandboxLen bounds sandbox ids kept in the endpoint map.
+	sandboxLen = 64
+)
+
+// endpointValue is the endpoints map value, keyed by the host-side ifindex.
+// The programs read the first 32 bytes; the rest is bookkeeping for the Manager.
+type endpointValue struct {
+	Tenant  uint32
+	Flags   uint32
+	Tier    uint32
+	IPv4    [4]byte
+	IPv6    [16]byte
+	Ifname  [16]byte
+	Sandbox [sandboxLen]byte
+}
+
+// Offsets into endpointValue read by the programs.
+const (
+	epTenant = 0
+	epFlags  = 4
+	epTier   = 8
+	epIPv4   = 12
+	epIPv6   = 16
+)
+
+// owner is the value of the tenant LPM tries: who owns an address.
+type owner struct {
+	Tenant  uint32
+	Flags   uint32
+	Ifindex uint32
+}
+
+// Keys of the LPM tries. Unscoped keys map an address to a tenant or mark it
+// in-cluster; scoped keys prefix the address with a tier id (shared services)
+// or an ifindex (egress allow-list), so one trie serves every tier or pod.
+type (
+	lpmKeyV4 struct {
+		Prefixlen uint32
+		Addr      [4]byte
+	}
+	lpmKeyV6 struct {
+		Prefixlen uint32
+		Addr      [16]byte
+	}
+	scopedKeyV4 struct {
+		Prefixlen uint32
+		Scope     uint32
+		Addr      [4]byte
+	}
+	scopedKeyV6 struct {
+		Prefixlen uint32
+		Scope     uint32
+		Addr      [16]byte
+	}
+)
+
+// nameKey is the key of the tenant and tier name maps.
+type nameKey [nameLen]byte
+
+// mapSpecs returns the specifications of every map the programs and the
+// Manager use. pin selects whether they are pinned by name.
+func mapSpecs(pin bool) map[string]*ebpf.MapSpec {
+	pinning := ebpf.PinNone
+	if pin {
+		pinning = ebpf.PinByName
+	}
+	lpm := func(name string, keySize, valueSize uint32) *ebpf.MapSpec {
+		return &ebpf.MapSpec{Name: name, Type: ebpf.LPMTrie, KeySize: keySize, ValueSize: valueSize,
+			MaxEntries: maxPrefixes, Flags: flagNoPrealloc, Pinning: pinning}
+	}
+	specs := []*ebpf.MapSpec{
+		{Name: mapEndpoints, Type: ebpf.Hash, KeySize: 4, ValueSize: 112, MaxEntries: maxEndpoints,
+			Flags: flagNoPrealloc, Pinning: pinning},
+		lpm(mapTenantV4, 8, 12),
+		lpm(mapTenantV6, 20, 12),
+		lpm(mapServiceV4, 12, 1),
+		lpm(mapServiceV6, 24, 1),
+		lpm(mapEgressV4, 12, 1),
+		lpm(mapEgressV6, 24, 1),
+		lpm(mapClusterV4, 8, 1),
+		lpm(mapClusterV6, 20, 1),
+		{Name: mapDrops, Type: ebpf.PerCPUHash, KeySize: 4, ValueSize: 8, MaxEntries: maxCounters,
+			Flags: flagNoPrealloc, Pinning: pinning},
+		{Name: mapTenantIDs, Type: ebpf.Hash, KeySize: nameLen, ValueSize: 4, MaxEntries: maxNames, Pinning: pinning},
+		{Name: mapTierIDs, Type: ebpf.Hash, KeySize: nameLen, ValueSize: 4, MaxEntries: 256, Pinning: pinning},
+	}
+	out := make(map[string]*ebpf.MapSpec, len(specs))
+	for _, s := range specs {
+		out[s.Name] = s
+	}
+	return out
+}
+
+// flagNoPrealloc is BPF_F_NO_PREALLOC: LPM tries require it, and it keeps the
+// large hashes from reserving memory for entries a node never has.
+const flagNoPrealloc = 1
+
+// Direction says which hook of the host-side veth a program serves.
+type Direction int
+
+const (
+	// FromPod is the host veth's ingress: packets the pod sends.
+	FromPod Direction = iota
+	// ToPod is the host veth's egress: packets delivered to the pod.
+	ToPod
+)
+
+func (d Direction) String() string {
+	if d == FromPod {
+		return "from-pod"
+	}
+	return "to-pod"
+}
+
+// programSpecs returns the two fence programs.
+func programSpecs() map[string]*ebpf.ProgramSpec {
+	return map[string]*ebpf.ProgramSpec{
+		programName(FromPod): {Name: programName(FromPod), Type: ebpf.SchedCLS, License: "GPL",
+			AttachType: ebpf.AttachTCXIngress, Instructions: fenceProgram(FromPod)},
+		programName(ToPod): {Name: programName(ToPod), Type: ebpf.SchedCLS, License: "GPL",
+			AttachType: ebpf.AttachTCXEgress, Instructions: fenceProgram(ToPod)},
+	}
+}
+
+// collectionSpec is the whole datapath: maps and programs.
+func collectionSpec(pin bool) *ebpf.CollectionSpec {
+	return &ebpf.CollectionSpec{Maps: mapSpecs(pin), Programs: programSpecs()}
+}
+
+// be16 and be32 turn a value in network byte order into the integer a native
+// load of those packet bytes yields, so programs compare without byte swaps.
+func be16(v uint16) int32 {
+	return int32(binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, v)))
+}
+
+func be32(v uint32) int32 {
+	return int32(binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, v)))
+}
+
+// word returns the native integer of 4 bytes of b at off.
+func word(b []byte, off int) int32 { return int32(binary.NativeEndian.Uint32(b[off:])) }
+
+// __sk_buff offsets (include/uapi/linux/bpf.h).
+const (
+	skbVlanPresent = 20
+	skbIfindex     = 40
+	skbData        = 76
+	skbDataEnd     = 80
+)
+
+// Stack slots (offsets from R10).
+const (
+	stIfindex = -4  // u32 ifindex, the endpoints key
+	stDropKey = -8  // u32 drop counter key
+	stDropVal = -16 // u64 initial counter value
+	stKeyV4   = -32 // 12-byte v4 LPM key
+	stPeerV6  = -48 // 16-byte saved IPv6 peer
+	stKeyV6   = -72 // 24-byte v6 LPM key
+)
+
+// Well-known values.
+const (
+	ethHdrLen     = 14
+	ethTypeIPv4   = 0x0800
+	ethTypeIPv6   = 0x86dd
+	ethTypeARP    = 0x0806
+	protoUDP      = 17
+	protoICMPv6   = 58
+	roceV2Port    = 4791
+	ipv4HdrMin    = 20
+	ipv6HdrLen    = 40
+	maxExtHeaders = 4
+)
+
+var (
+	metadataV4 = [4]byte{169, 254, 169, 254}
+	metadataV6 = [16]byte{0xfd, 0x00, 0x0e, 0xc2, 14: 0x02, 15: 0x54}
+)
+
+// fenceProgram assembles the program for one direction. Registers:
+//
+//	R6 skb, R7 endpoint value, R8 IPv4 peer (later: drop reason),
+//	R9 1 when the packet is RoCEv2, R2/R3 packet start/end,
+//	R4 the L4 header (IPv6) or the packet start plus the IPv4 header length.
+func fenceProgram(dir Direction) asm.Instructions {
+	p := &prog{}
+	p.emit(
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R1, asm.R6, skbIfindex, asm.Word),
+		asm.StoreMem(asm.RFP, stIfindex, asm.R1, asm.Word),
+		asm.LoadMapPtr(asm.R1, 0).WithReference(mapEndpoints),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, stIfindex),
+		asm.FnMapLookupElem.Call(),
+		// An interface Bulkhead does not manage is untouched.
+		asm.JEq.Imm(asm.R0, 0, "pass"),
+		asm.Mov.Reg(asm.R7, asm.R0),
+		asm.LoadMem(asm.R1, asm.R6, skbVlanPresent, asm.Word),
+		asm.JNE.Imm(asm.R1, 0, p.dropLabel(ReasonEthertype)),
+	)
+	p.loadPacket()
+	p.need(asm.R2, ethHdrLen)
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R2, 12, asm.Half),
+		asm.JEq.Imm(asm.R1, be16(ethTypeIPv4), "ipv4"),
+		asm.JEq.Imm(asm.R1, be16(ethTypeIPv6), "ipv6"),
+		asm.JEq.Imm(asm.R1, be16(ethTypeARP), "arp"),
+		asm.Ja.Label(p.dropLabel(ReasonEthertype)),
+	)
+	p.arp(dir)
+	p.ipv4(dir)
+	p.ipv6(dir)
+	p.tenantMatch()
+	p.epilogue()
+	return p.insns
+}
+
+type prog struct {
+	insns asm.Instructions
+	// label is the symbol for the next emitted instruction.
+	label string
+	// uniq numbers generated labels.
+	uniq int
+	// drops records which drop reasons have a jump target to emit.
+	drops [numReasons]bool
+}
+
+func (p *prog) emit(insns ...asm.Instruction) {
+	for _, ins := range insns {
+		if p.label != "" {
+			ins = ins.WithSymbol(p.label)
+			p.label = ""
+		}
+		p.insns = append(p.insns, ins)
+	}
+}
+
+// at places label on the next instruction.
+func (p *prog) at(label string) {
+	if p.label != "" {
+		// Two labels on one spot: chain them with a no-op jump.
+		p.emit(asm.Ja.Label(label))
+	}
+	p.label = label
+}
+
+func (p *prog) newLabel(base string) string {
+	p.uniq++
+	return fmt.Sprintf("%s_%d", base, p.uniq)
+}
+
+func (p *prog) dropLabel(r Reason) string {
+	p.drops[r] = true
+	return "drop_" + r.String()
+}
+
+// loadPacket sets R2 and R3 to the packet's start and end.
+func (p *prog) loadPacket() {
+	p.emit(
+		asm.LoadMem(asm.R2, asm.R6, skbData, asm.Word),
+		asm.LoadMem(asm.R3, asm.R6, skbDataEnd, asm.Word),
+	)
+}
+
+// need drops the packet as malformed unless n bytes from base are present.
+func (p *prog) need(base asm.Register, n int32) {
+	p.emit(
+		asm.Mov.Reg(asm.R1, base),
+		asm.Add.Imm(asm.R1, n),
+		asm.JGT.Reg(asm.R1, asm.R3, p.dropLabel(ReasonMalformed)),
+	)
+}
+
+// flagClear jumps to label when the endpoint lacks flag. Clobbers R1.
+func (p *prog) flagClear(flag int32, label string) {
+	skip := p.newLabel("has_flag")
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R7, epFlags, asm.Word),
+		asm.JSet.Imm(asm.R1, flag, skip),
+		asm.Ja.Label(label),
+	)
+	p.at(skip)
+}
+
+// lookup calls bpf_map_lookup_elem on mapName with the key at stack offset key.
+func (p *prog) lookup(mapName string, key int16) {
+	p.emit(
+		asm.LoadMapPtr(asm.R1, 0).WithReference(mapName),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, int32(key)),
+		asm.FnMapLookupElem.Call(),
+	)
+}
+
+// copyWords copies n 32-bit words from src+srcOff to dst+dstOff through R1.
+func (p *prog) copyWords(dst asm.Register, dstOff int16, src asm.Register, srcOff int16, n int) {
+	for i := range int16(n) {
+		p.emit(
+			asm.LoadMem(asm.R1, src, srcOff+4*i, asm.Word),
+			asm.StoreMem(dst, dstOff+4*i, asm.R1, asm.Word),
+		)
+	}
+}
+
+// wordsDiffer jumps to label unless the 4 words at a+aOff equal those at
+// b+bOff. Clobbers R1 and R5.
+func (p *prog) wordsDiffer(a asm.Register, aOff int16, b asm.Register, bOff int16, label string) {
+	for i := range int16(4) {
+		p.emit(
+			asm.LoadMem(asm.R1, a, aOff+4*i, asm.Word),
+			asm.LoadMem(asm.R5, b, bOff+4*i, asm.Word),
+			asm.JNE.Reg32(asm.R1, asm.R5, label),
+		)
+	}
+}
+
+// linkLocalV6 jumps to label when the address at r+off is in fe80::/10.
+// Clobbers R1.
+func (p *prog) linkLocalV6(r asm.Register, off int16, label string) {
+	p.emit(
+		asm.LoadMem(asm.R1, r, off, asm.Half),
+		asm.And.Imm(asm.R1, be16(0xffc0)),
+		asm.JEq.Imm(asm.R1, be16(0xfe80), label),
+	)
+}
+
+func (p *prog) arp(dir Direction) {
+	p.at("arp")
+	if dir == ToPod {
+		p.emit(asm.Ja.Label("pass"))
+		return
+	}
+	// ARP works, but a pod may only announce its own IPv4 address (or none,
+	// for a probe): the sender protocol address sits at bytes 28..31.
+	p.need(asm.R2, ethHdrLen+28)
+	p.emit(
+		asm.LoadMem(asm.R8, asm.R2, 28, asm.Word),
+		asm.JEq.Imm32(asm.R8, 0, "pass"),
+	)
+	p.flagClear(flagHasIPv4, p.dropLabel(ReasonSpoof))
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R7, epIPv4, asm.Word),
+		asm.JNE.Reg32(asm.R8, asm.R1, p.dropLabel(ReasonSpoof)),
+		asm.Ja.Label("pass"),
+	)
+}
+
+func (p *prog) ipv4(dir Direction) {
+	p.at("ipv4")
+	p.need(asm.R2, ethHdrLen+ipv4HdrMin)
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen, asm.Byte),
+		asm.Mov.Reg(asm.R4, asm.R1),
+		asm.And.Imm(asm.R4, 0x0f),
+		asm.RSh.Imm(asm.R1, 4),
+		asm.JNE.Imm(asm.R1, 4, p.dropLabel(ReasonMalformed)),
+		asm.JLT.Imm(asm.R4, 5, p.dropLabel(ReasonMalformed)),
+		// R4: the packet start plus the IP header length, so the L4 header
+		// sits at R4+14. The whole header, options included, must be present.
+		asm.LSh.Imm(asm.R4, 2),
+		asm.Add.Reg(asm.R4, asm.R2),
+	)
+	p.need(asm.R4, ethHdrLen)
+	if dir == FromPod {
+		p.flagClear(flagHasIPv4, p.dropLabel(ReasonSpoof))
+		p.emit(
+			asm.LoadMem(asm.R1, asm.R2, ethHdrLen+12, asm.Word),
+			asm.LoadMem(asm.R5, asm.R7, epIPv4, asm.Word),
+			asm.JNE.Reg32(asm.R1, asm.R5, p.dropLabel(ReasonSpoof)),
+			asm.LoadMem(asm.R8, asm.R2, ethHdrLen+16, asm.Word),
+		)
+	} else {
+		p.emit(asm.LoadMem(asm.R8, asm.R2, ethHdrLen+12, asm.Word))
+	}
+	// RoCEv2: UDP to port 4791, in the first fragment (later ones carry no
+	// ports; without the first they never reassemble).
+	p.emit(
+		asm.Mov.Imm(asm.R9, 0),
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+9, asm.Byte),
+		asm.JNE.Imm(asm.R1, protoUDP, "v4_classify"),
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+6, asm.Half),
+		asm.And.Imm(asm.R1, be16(0x1fff)),
+		asm.JNE.Imm(asm.R1, 0, "v4_classify"),
+	)
+	p.need(asm.R4, ethHdrLen+4)
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R4, ethHdrLen+2, asm.Half),
+		asm.JNE.Imm(asm.R1, be16(roceV2Port), "v4_classify"),
+		asm.Mov.Imm(asm.R9, 1),
+	)
+
+	p.at("v4_classify")
+	p.flagClear(flagDenyMetadata, "v4_tenant")
+	p.emit(asm.JEq.Imm32(asm.R8, word(metadataV4[:], 0), p.dropLabel(ReasonMetadata)))
+
+	p.at("v4_tenant")
+	p.emit(
+		asm.StoreImm(asm.RFP, stKeyV4, 32, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R8, asm.Word),
+	)
+	p.lookup(mapTenantV4, stKeyV4)
+	p.emit(
+		asm.JNE.Imm(asm.R0, 0, "tenant_match"),
+		asm.JNE.Imm(asm.R9, 0, p.dropLabel(ReasonRDMA)),
+		// Shared services of the pod's tier.
+		asm.StoreImm(asm.RFP, stKeyV4, 64, asm.Word),
+		asm.LoadMem(asm.R1, asm.R7, epTier, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R1, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+8, asm.R8, asm.Word),
+	)
+	p.lookup(mapServiceV4, stKeyV4)
+	p.emit(
+		asm.JNE.Imm(asm.R0, 0, "pass"),
+		// In-cluster but unowned.
+		asm.StoreImm(asm.RFP, stKeyV4, 32, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R8, asm.Word),
+	)
+	p.lookup(mapClusterV4, stKeyV4)
+	p.emit(asm.JNE.Imm(asm.R0, 0, p.dropLabel(ReasonCluster)))
+	// Outside the cluster: only allow-listed CIDRs, for tiers that say so.
+	p.flagClear(flagEgressRestricted, "pass")
+	p.emit(
+		asm.StoreImm(asm.RFP, stKeyV4, 64, asm.Word),
+		asm.LoadMem(asm.R1, asm.RFP, stIfindex, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R1, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+8, asm.R8, asm.Word),
+	)
+	p.lookup(mapEgressV4, stKeyV4)
+	p.emit(
+		asm.JNE.Imm(asm.R0, 0, "pass"),
+		asm.Ja.Label(p.dropLabel(ReasonEgress)),
+	)
+}
+
+func (p *prog) ipv6(dir Direction) {
+	p.at("ipv6")
+	p.need(asm.R2, ethHdrLen+ipv6HdrLen)
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen, asm.Byte),
+		asm.RSh.Imm(asm.R1, 4),
+		asm.JNE.Imm(asm.R1, 6, p.dropLabel(ReasonMalformed)),
+		asm.Mov.Imm(asm.R9, 0),
+		asm.LoadMem(asm.R5, asm.R2, ethHdrLen+6, asm.Byte),
+		asm.Mov.Reg(asm.R4, asm.R2),
+		asm.Add.Imm(asm.R4, ethHdrLen+ipv6HdrLen),
+	)
+	// Walk a bounded chain of extension headers so that IPv6 is enforced,
+	// not bypassed: R5 ends as the upper-layer protocol, R4 at its header.
+	// 255 (reserved) stands for "not the first fragment: no L4 header".
+	for range maxExtHeaders {
+		ext, frag, next := p.newLabel("ext"), p.newLabel("frag"), p.newLabel("ext_next")
+		p.emit(
+			asm.JEq.Imm(asm.R5, 0, ext),
+			asm.JEq.Imm(asm.R5, 43, ext),
+			asm.JEq.Imm(asm.R5, 60, ext),
+			asm.JEq.Imm(asm.R5, 44, frag),
+			asm.Ja.Label("l4_v6"),
+		)
+		p.at(ext)
+		p.need(asm.R4, 8)
+		p.emit(
+			asm.LoadMem(asm.R5, asm.R4, 0, asm.Byte),
+			asm.LoadMem(asm.R1, asm.R4, 1, asm.Byte),
+			asm.Add.Imm(asm.R1, 1),
+			asm.LSh.Imm(asm.R1, 3),
+			asm.Add.Reg(asm.R4, asm.R1),
+			asm.Ja.Label(next),
+		)
+		p.at(frag)
+		p.need(asm.R4, 8)
+		p.emit(
+			asm.LoadMem(asm.R5, asm.R4, 0, asm.Byte),
+			asm.LoadMem(asm.R1, asm.R4, 2, asm.Half),
+			asm.Add.Imm(asm.R4, 8),
+			asm.And.Imm(asm.R1, be16(0xfff8)),
+			asm.JEq.Imm(asm.R1, 0, next),
+			asm.Mov.Imm(asm.R5, 255),
+			asm.Ja.Label("l4_v6"),
+		)
+		p.at(next)
+	}
+	// Still an extension header after the bound: refuse rather than guess.
+	p.emit(
+		asm.JEq.Imm(asm.R5, 0, p.dropLabel(ReasonMalformed)),
+		asm.JEq.Imm(asm.R5, 43, p.dropLabel(ReasonMalformed)),
+		asm.JEq.Imm(asm.R5, 60, p.dropLabel(ReasonMalformed)),
+		asm.JEq.Imm(asm.R5, 44, p.dropLabel(ReasonMalformed)),
+	)
+
+	p.at("l4_v6")
+	p.emit(
+		asm.JEq.Imm(asm.R5, protoICMPv6, "icmp6"),
+		asm.JNE.Imm(asm.R5, protoUDP, "v6_addrs"),
+	)
+	p.need(asm.R4, 4)
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R4, 2, asm.Half),
+		asm.JNE.Imm(asm.R1, be16(roceV2Port), "v6_addrs"),
+		asm.Mov.Imm(asm.R9, 1),
+		asm.Ja.Label("v6_addrs"),
+	)
+
+	// Neighbour discovery (133-137) and MLD (130-132, 143) work; they are
+	// link-scoped and use link-local or unspecified sources.
+	p.at("icmp6")
+	p.need(asm.R4, 4)
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R4, 0, asm.Byte),
+		asm.JEq.Imm(asm.R1, 143, "nd"),
+		asm.JLT.Imm(asm.R1, 130, "v6_addrs"),
+		asm.JGT.Imm(asm.R1, 137, "v6_addrs"),
+	)
+	p.at("nd")
+	if dir == ToPod {
+		p.emit(asm.Ja.Label("pass"))
+	} else {
+		// From the pod: the source is unspecified, link-local or the pod's own,
+		// and a neighbour advertisement only claims such an address.
+		p.emit(asm.Mov.Reg(asm.R8, asm.R1)) // ICMPv6 type
+		p.ndAddress(asm.R2, ethHdrLen+8, "nd_src_ok")
+		p.at("nd_src_ok")
+		p.emit(asm.JNE.Imm(asm.R8, 136, "pass"))
+		p.need(asm.R4, 24)
+		p.ndAddress(asm.R4, 8, "pass")
+	}
+
+	p.at("v6_addrs")
+	if dir == FromPod {
+		p.flagClear(flagHasIPv6, p.dropLabel(ReasonSpoof))
+		p.wordsDiffer(asm.R2, ethHdrLen+8, asm.R7, epIPv6, p.dropLabel(ReasonSpoof))
+		p.copyWords(asm.RFP, stPeerV6, asm.R2, ethHdrLen+24, 4)
+	} else {
+		p.copyWords(asm.RFP, stPeerV6, asm.R2, ethHdrLen+8, 4)
+	}
+	p.flagClear(flagDenyMetadata, "v6_linklocal")
+	for i := range 4 {
+		p.emit(
+			asm.LoadMem(asm.R1, asm.RFP, stPeerV6+int16(4*i), asm.Word),
+			asm.JNE.Imm32(asm.R1, word(metadataV6[:], 4*i), "v6_linklocal"),
+		)
+	}
+	p.emit(asm.Ja.Label(p.dropLabel(ReasonMetadata)))
+
+	// Link-local traffic other than ND stays on the bridge, where it would
+	// reach other tenants' pods: no tenant owns it.
+	p.at("v6_linklocal")
+	p.linkLocalV6(asm.RFP, stPeerV6, p.dropLabel(ReasonCluster))
+
+	p.emit(asm.StoreImm(asm.RFP, stKeyV6, 128, asm.Word))
+	p.copyWords(asm.RFP, stKeyV6+4, asm.RFP, stPeerV6, 4)
+	p.lookup(mapTenantV6, stKeyV6)
+	p.emit(
+		asm.JNE.Imm(asm.R0, 0, "tenant_match"),
+		asm.JNE.Imm(asm.R9, 0, p.dropLabel(ReasonRDMA)),
+		asm.StoreImm(asm.RFP, stKeyV6, 32+128, asm.Word),
+		asm.LoadMem(asm.R1, asm.R7, epTier, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV6+4, asm.R1, asm.Word),
+	)
+	p.copyWords(asm.RFP, stKeyV6+8, asm.RFP, stPeerV6, 4)
+	p.lookup(mapServiceV6, stKeyV6)
+	p.emit(
+		asm.JNE.Imm(asm.R0, 0, "pass"),
+		asm.StoreImm(asm.RFP, stKeyV6, 128, asm.Word),
+	)
+	p.copyWords(asm.RFP, stKeyV6+4, asm.RFP, stPeerV6, 4)
+	p.lookup(mapClusterV6, stKeyV6)
+	p.emit(asm.JNE.Imm(asm.R0, 0, p.dropLabel(ReasonCluster)))
+	p.flagClear(flagEgressRestricted, "pass")
+	p.emit(
+		asm.StoreImm(asm.RFP, stKeyV6, 32+128, asm.Word),
+		asm.LoadMem(asm.R1, asm.RFP, stIfindex, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV6+4, asm.R1, asm.Word),
+	)
+	p.copyWords(asm.RFP, stKeyV6+8, asm.RFP, stPeerV6, 4)
+	p.lookup(mapEgressV6, stKeyV6)
+	p.emit(
+		asm.JNE.Imm(asm.R0, 0, "pass"),
+		asm.Ja.Label(p.dropLabel(ReasonEgress)),
+	)
+}
+
+// ndAddress jumps to ok when the IPv6 address at r+off is unspecified,
+// link-local or the endpoint's own, and drops the packet as spoofed otherwise.
+func (p *prog) ndAddress(r asm.Register, off int16, ok string) {
+	notZero, notOwn := p.newLabel("nd_not_zero"), p.newLabel("nd_not_own")
+	p.linkLocalV6(r, off, ok)
+	for i := range int16(4) {
+		p.emit(
+			asm.LoadMem(asm.R1, r, off+4*i, asm.Word),
+			asm.JNE.Imm32(asm.R1, 0, notZero),
+		)
+	}
+	p.emit(asm.Ja.Label(ok))
+	p.at(notZero)
+	p.flagClear(flagHasIPv6, p.dropLabel(ReasonSpoof))
+	p.wordsDiffer(r, off, asm.R7, epIPv6, notOwn)
+	p.emit(asm.Ja.Label(ok))
+	p.at(notOwn)
+	p.emit(asm.Ja.Label(p.dropLabel(ReasonSpoof)))
+}
+
+// tenantMatch handles a peer that a tenant owns: R0 points at its owner.
+func (p *prog) tenantMatch() {
+	p.at("tenant_match")
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+		asm.LoadMem(asm.R5, asm.R7, epTenant, asm.Word),
+		asm.JNE.Reg32(asm.R1, asm.R5, p.dropLabel(ReasonTenant)),
+		asm.JEq.Imm(asm.R9, 0, "pass"),
+		// RoCEv2 within one tenant: both ends need the grant.
+		asm.LoadMem(asm.R1, asm.R0, 4, asm.Word),
+		asm.JSet.Imm(asm.R1, flagRDMA, "peer_rdma"),
+		asm.Ja.Label(p.dropLabel(ReasonRDMA)),
+	)
+	p.at("peer_rdma")
+	p.flagClear(flagRDMA, p.dropLabel(ReasonRDMA))
+	p.emit(asm.Ja.Label("pass"))
+}
+
+// epilogue emits the verdicts and one counting block per drop reason.
+func (p *prog) epilogue() {
+	p.at("pass")
+	p.emit(
+		asm.Mov.Imm(asm.R0, verdictNext),
+		asm.Return(),
+	)
+	for r := range numReasons {
+		if !p.drops[r] {
+			continue
+		}
+		p.at("drop_" + r.String())
+		p.emit(
+			asm.Mov.Imm(asm.R8, int32(r)),
+			asm.Ja.Label("drop"),
+		)
+	}
+	// drop: count (tenant, reason) on this CPU, then drop. R8 is the reason.
+	p.at("drop")
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R7, epTenant, asm.Word),
+		asm.LSh.Imm32(asm.R1, reasonBits),
+		asm.Or.Reg32(asm.R1, asm.R8),
+		asm.StoreMem(asm.RFP, stDropKey, asm.R1, asm.Word),
+	)
+	p.lookup(mapDrops, stDropKey)
+	p.emit(
+		asm.JEq.Imm(asm.R0, 0, "drop_first"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.Add.Imm(asm.R1, 1),
+		asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
+		asm.Ja.Label("drop_out"),
+	)
+	// First drop of this kind on this node: create the counter. A concurrent
+	// creator on another CPU may win the race; this drop then goes uncounted.
+	p.at("drop_first")
+	p.emit(
+		asm.Mov.Imm(asm.R1, 1),
+		asm.StoreMem(asm.RFP, stDropVal, asm.R1, asm.DWord),
+		asm.LoadMapPtr(asm.R1, 0).WithReference(mapDrops),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, stDropKey),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, stDropVal),
+		asm.Mov.Imm(asm.R4, 1), // BPF_NOEXIST
+		asm.FnMapUpdateElem.Call(),
+	)
+	p.at("drop_out")
+	p.emit(
+		asm.Mov.Imm(asm.R0, verdictDrop),
+		asm.Return(),
+	)
+}
