@@ -58,6 +58,9 @@ type Container struct {
 	Devices []string `json:"devices,omitempty"`
 	// MemoryBytes is the container's memory limit; 0 when unset.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// Env is the container's environment. Rules may look at names and
+	// values; the decision log always masks the values.
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // Request is what the pod asks for beyond a plain sandbox.

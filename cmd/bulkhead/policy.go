@@ -1,0 +1,231 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/policy/regotest"
+)
+
+func init() {
+	commands["policy"] = command{
+		summary: "policy bundles: eval, test, verify",
+		run:     runPolicy,
+	}
+}
+
+// Exit codes of `bulkhead policy eval`.
+const (
+	exitAllow = 0
+	exitError = 1
+	exitUsage = 2
+	exitDeny  = 3
+)
+
+func runPolicy(args []string) int {
+	return policyMain(args, os.Stdout, os.Stderr)
+}
+
+func policyUsage(w io.Writer) {
+	fmt.Fprint(w, `usage:
+  bulkhead policy eval --bundle PATH --input FILE [--data FILE] [--key PEM --key-id ID --scope S] [--decision-log FILE|-]
+      print the decision as JSON; exit 0 allow, 3 deny, 1 error
+  bulkhead policy test [--threshold PERCENT] [-v] PATH
+      run the bundle's Rego tests with line coverage; exit 0 pass, 1 fail
+  bulkhead policy verify --bundle PATH --key PEM --key-id ID [--scope S]
+      check a bundle's signature; exit 0 valid, 1 refused
+`)
+}
+
+func policyMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		policyUsage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "eval":
+		return policyEval(args[1:], stdout, stderr)
+	case "test":
+		return policyTest(args[1:], stdout, stderr)
+	case "verify":
+		return policyVerify(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		policyUsage(stdout)
+		return 0
+	}
+	fmt.Fprintf(stderr, "bulkhead policy: unknown subcommand %q\n", args[0])
+	policyUsage(stderr)
+	return exitUsage
+}
+
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("bulkhead policy "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+func policyEval(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("eval", stderr)
+	bundlePath := fs.String("bundle", "", "bundle directory or .tar.gz (required)")
+	inputPath := fs.String("input", "", "input document, JSON (contract v1, docs/policy.md); - for stdin (required)")
+	dataPath := fs.String("data", "", "extra data JSON merged into the bundle's data, e.g. tenants")
+	key := fs.String("key", "", "PEM public key (file) to verify the bundle with; without it the bundle is NOT verified")
+	keyID := fs.String("key-id", "", "key id the bundle must be signed with (with --key)")
+	scope := fs.String("scope", "", "scope the signature must carry (with --key)")
+	decisionLog := fs.String("decision-log", "", "write the decision log line to FILE, or - for stdout")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if *bundlePath == "" || *inputPath == "" || fs.NArg() != 0 {
+		fmt.Fprintln(stderr, "bulkhead policy eval: --bundle and --input are required")
+		return exitUsage
+	}
+	in, err := readInput(*inputPath)
+	if err != nil {
+		fmt.Fprintln(stderr, "bulkhead policy eval:", err)
+		return exitError
+	}
+	opts := policy.Options{
+		BundlePath:      *bundlePath,
+		DataPath:        *dataPath,
+		DecisionLogFile: *decisionLog,
+		Logger:          slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if *key != "" {
+		opts.Keys, opts.KeyID, opts.Scope = map[string]string{*keyID: *key}, *keyID, *scope
+	} else {
+		opts.InsecureSkipVerification = true
+		fmt.Fprintln(stderr, "bulkhead policy eval: WARNING: no --key given, the bundle's signature is NOT verified")
+	}
+	ctx := context.Background()
+	e, err := policy.Open(ctx, opts)
+	if err != nil {
+		fmt.Fprintln(stderr, "bulkhead policy eval:", err)
+		return exitError
+	}
+	defer e.Close()
+	d, decideErr := e.Decide(ctx, in)
+	out, err := json.MarshalIndent(d, "", "  ")
+	if err != nil {
+		fmt.Fprintln(stderr, "bulkhead policy eval:", err)
+		return exitError
+	}
+	fmt.Fprintln(stdout, string(out))
+	switch {
+	case decideErr != nil:
+		fmt.Fprintln(stderr, "bulkhead policy eval:", decideErr)
+		return exitError
+	case d.Allow:
+		return exitAllow
+	default:
+		return exitDeny
+	}
+}
+
+// readInput decodes a contract input, refusing unknown fields so that a
+// misspelt field is an error rather than a silently missing value.
+func readInput(path string) (policy.Input, error) {
+	var in policy.Input
+	var raw []byte
+	var err error
+	if path == "-" {
+		raw, err = io.ReadAll(os.Stdin)
+	} else {
+		raw, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return in, fmt.Errorf("--input: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return in, fmt.Errorf("--input %s: %w", path, err)
+	}
+	if in.Version == "" {
+		in.Version = policy.ContractVersion
+	}
+	return in, nil
+}
+
+func policyTest(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("test", stderr)
+	threshold := fs.Float64("threshold", 0, "fail when line coverage of the non-test modules is below PERCENT")
+	verbose := fs.Bool("v", false, "list every test and the lines not covered")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "bulkhead policy test: want exactly one bundle PATH")
+		return exitUsage
+	}
+	if *threshold < 0 || *threshold > 100 {
+		fmt.Fprintf(stderr, "bulkhead policy test: --threshold %v must be between 0 and 100\n", *threshold)
+		return exitUsage
+	}
+	rep, err := regotest.Run(context.Background(), fs.Arg(0))
+	if err != nil {
+		fmt.Fprintln(stderr, "bulkhead policy test:", err)
+		return exitError
+	}
+	failed := rep.Failed()
+	for _, r := range rep.Results {
+		if *verbose || !r.Pass {
+			status := "PASS"
+			if !r.Pass {
+				status = "FAIL"
+			}
+			fmt.Fprintf(stdout, "%s %s (%s)", status, r.Name, r.Location)
+			if r.Detail != "" {
+				fmt.Fprintf(stdout, ": %s", r.Detail)
+			}
+			fmt.Fprintln(stdout)
+		}
+	}
+	for _, f := range rep.Files {
+		fmt.Fprintf(stdout, "coverage %6.2f%% %s", f.Percent, f.File)
+		if *verbose && len(f.MissingLines) > 0 {
+			fmt.Fprintf(stdout, " (not covered: %s)", strings.Trim(fmt.Sprint(f.MissingLines), "[]"))
+		}
+		fmt.Fprintln(stdout)
+	}
+	fmt.Fprintf(stdout, "%d tests, %d failed; line coverage %.2f%% (policy files), %.2f%% (with tests)\n",
+		len(rep.Results), len(failed), rep.Coverage, rep.CoverageWithTests)
+	if len(failed) > 0 {
+		return exitError
+	}
+	if rep.Coverage < *threshold {
+		fmt.Fprintf(stderr, "bulkhead policy test: coverage %.2f%% is below --threshold %.2f%%\n", rep.Coverage, *threshold)
+		return exitError
+	}
+	return 0
+}
+
+func policyVerify(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("verify", stderr)
+	bundlePath := fs.String("bundle", "", "bundle .tar.gz or directory (required)")
+	key := fs.String("key", "", "PEM public key, or a file holding it (required)")
+	keyID := fs.String("key-id", "", "key id the bundle must be signed with (required)")
+	scope := fs.String("scope", "", "scope the signature must carry (default: none)")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if *bundlePath == "" || *key == "" || *keyID == "" || fs.NArg() != 0 {
+		fmt.Fprintln(stderr, "bulkhead policy verify: --bundle, --key and --key-id are required")
+		return exitUsage
+	}
+	rev, err := policy.VerifyBundle(*bundlePath, *key, *keyID, *scope)
+	if err != nil {
+		fmt.Fprintln(stderr, "bulkhead policy verify: REFUSED:", err)
+		return exitError
+	}
+	fmt.Fprintf(stdout, "bundle %s: signature valid (key id %s, scope %q), revision %s\n", *bundlePath, *keyID, *scope, rev)
+	return 0
+}

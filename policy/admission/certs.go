@@ -1,0 +1,124 @@
+package admission
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"syscall"
+)
+
+// CertReloader serves a TLS certificate from files and picks up a new one
+// without a restart: every handshake compares the files' identity (size,
+// modification time) with the pair it holds and reloads when they change.
+// Kubernetes updates a mounted Secret by swapping a symlink, so the
+// certificate and key change together; a half-written pair fails to load
+// and the previous certificate keeps being served.
+type CertReloader struct {
+	certFile, keyFile string
+	logger            *slog.Logger
+
+	// mu guards cert and stamp: the pair being served and the file
+	// identity it was loaded from.
+	mu    sync.RWMutex
+	cert  *tls.Certificate
+	stamp fileStamp
+}
+
+// fileStamp identifies the versions of the two files: a replaced file has a
+// new inode, a rewritten one a new size or modification time.
+type fileStamp struct {
+	certIno, keyIno   uint64
+	certSize, keySize int64
+	certMod, keyMod   int64 // UnixNano
+}
+
+func stampOf(fi os.FileInfo) (ino uint64, size, mod int64) {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		ino = st.Ino
+	}
+	return ino, fi.Size(), fi.ModTime().UnixNano()
+}
+
+// NewCertReloader loads certFile and keyFile (PEM) and fails if they do not
+// form a valid pair. logger may be nil.
+func NewCertReloader(certFile, keyFile string, logger *slog.Logger) (*CertReloader, error) {
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("tls: certificate and key file are both required")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	r := &CertReloader{certFile: certFile, keyFile: keyFile, logger: logger}
+	st, err := r.statFiles()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.load(st); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *CertReloader) statFiles() (fileStamp, error) {
+	c, err := os.Stat(r.certFile)
+	if err != nil {
+		return fileStamp{}, fmt.Errorf("tls certificate: %w", err)
+	}
+	k, err := os.Stat(r.keyFile)
+	if err != nil {
+		return fileStamp{}, fmt.Errorf("tls key: %w", err)
+	}
+	var st fileStamp
+	st.certIno, st.certSize, st.certMod = stampOf(c)
+	st.keyIno, st.keySize, st.keyMod = stampOf(k)
+	return st, nil
+}
+
+func (r *CertReloader) load(st fileStamp) error {
+	pair, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+	if err != nil {
+		return fmt.Errorf("tls: loading %s and %s: %w", r.certFile, r.keyFile, err)
+	}
+	r.mu.Lock()
+	r.cert, r.stamp = &pair, st
+	r.mu.Unlock()
+	return nil
+}
+
+// Reload reloads the pair if its files changed. On failure the previous
+// pair stays in service and the error is returned.
+func (r *CertReloader) Reload() error {
+	st, err := r.statFiles()
+	if err != nil {
+		return err
+	}
+	r.mu.RLock()
+	same := st == r.stamp
+	r.mu.RUnlock()
+	if same {
+		return nil
+	}
+	if err := r.load(st); err != nil {
+		return err
+	}
+	r.logger.Info("tls certificate reloaded", "cert", r.certFile)
+	return nil
+}
+
+// GetCertificate is a tls.Config.GetCertificate callback.
+func (r *CertReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if err := r.Reload(); err != nil {
+		r.logger.Warn("tls certificate reload failed; serving the previous one", "err", err)
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.cert, nil
+}
+
+// TLSConfig returns a server configuration that serves the reloaded pair.
+func (r *CertReloader) TLSConfig() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.GetCertificate}
+}

@@ -1,0 +1,190 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/bulkhead-runtime/bulkhead/policy"
+)
+
+// Config is the configuration of the bulkhead-webhook binary.
+type Config struct {
+	// Listen is the HTTPS address of /validate (and the probes).
+	Listen string
+	// ProbeListen, when set, also serves /healthz, /readyz and /metrics
+	// over plain HTTP for the kubelet and Prometheus.
+	ProbeListen string
+	// TLSCert and TLSKey are PEM files, reloaded when they change.
+	TLSCert, TLSKey string
+	// Bundle, Key, KeyID, Scope, InsecureSkipVerification and Data are the
+	// policy engine's options (policy.Options).
+	Bundle                   string
+	Key                      string
+	KeyID                    string
+	Scope                    string
+	InsecureSkipVerification bool
+	Data                     string
+	// DecisionLog is a file for one JSON line per decision ("-": stdout).
+	DecisionLog string
+	// BundlePoll is how often the bundle file is checked for a new revision.
+	BundlePoll time.Duration
+	// Kubeconfig is used outside a cluster; empty means in-cluster config.
+	Kubeconfig string
+	// NoUsage disables the pod informer: quotas see zero usage. For tests
+	// and clusters without pod list/watch rights.
+	NoUsage bool
+	// MaxBodyBytes bounds an AdmissionReview body.
+	MaxBodyBytes int64
+}
+
+// ParseFlags reads the binary's flags. Errors name the flag and the rule.
+func ParseFlags(args []string, output io.Writer) (Config, error) {
+	var c Config
+	fs := flag.NewFlagSet("bulkhead-webhook", flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.StringVar(&c.Listen, "listen", ":8443", "HTTPS address for /validate, /healthz, /readyz, /metrics")
+	fs.StringVar(&c.ProbeListen, "probe-listen", "", "plain HTTP address for /healthz, /readyz and /metrics only (empty: none)")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "serving certificate, PEM (required; reloaded when it changes)")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "serving key, PEM (required; reloaded when it changes)")
+	fs.StringVar(&c.Bundle, "bundle", "", "policy bundle, .tar.gz or directory (required)")
+	fs.StringVar(&c.Key, "key", "", "public key (PEM file) that signs the bundle")
+	fs.StringVar(&c.KeyID, "key-id", "", "key id the bundle's signature must name (required with --key)")
+	fs.StringVar(&c.Scope, "scope", "", "scope the bundle's signature must carry (required with --key)")
+	fs.BoolVar(&c.InsecureSkipVerification, "insecure-skip-verification", false, "load the bundle without checking its signature (development only)")
+	fs.StringVar(&c.Data, "data", "", "extra data JSON merged into the bundle's data (unsigned)")
+	fs.StringVar(&c.DecisionLog, "decision-log", "", "decision log file, - for stdout (empty: none)")
+	fs.DurationVar(&c.BundlePoll, "bundle-poll", 10*time.Second, "how often to check the bundle for a new revision")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig outside a cluster (empty: in-cluster)")
+	fs.BoolVar(&c.NoUsage, "no-usage", false, "do not watch pods; quotas see zero usage")
+	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", DefaultMaxBodyBytes, "largest AdmissionReview body accepted")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case c.TLSCert == "" || c.TLSKey == "":
+		return c, errors.New("--tls-cert and --tls-key are required")
+	case c.Bundle == "":
+		return c, errors.New("--bundle is required")
+	case c.Key == "" && !c.InsecureSkipVerification:
+		return c, errors.New("--key is required (or --insecure-skip-verification for development)")
+	case c.Key != "" && (c.KeyID == "" || c.Scope == ""):
+		return c, errors.New("--key-id and --scope are required with --key")
+	case c.BundlePoll <= 0:
+		return c, fmt.Errorf("--bundle-poll %v: must be positive", c.BundlePoll)
+	case c.MaxBodyBytes <= 0:
+		return c, fmt.Errorf("--max-body-bytes %d: must be positive", c.MaxBodyBytes)
+	}
+	return c, nil
+}
+
+// Run serves the webhook until ctx ends.
+func Run(ctx context.Context, c Config, logger *slog.Logger) error {
+	opts := policy.Options{
+		BundlePath:               c.Bundle,
+		InsecureSkipVerification: c.InsecureSkipVerification,
+		DataPath:                 c.Data,
+		DecisionLogFile:          c.DecisionLog,
+		Logger:                   logger,
+	}
+	if c.Key != "" {
+		opts.Keys = map[string]string{c.KeyID: c.Key}
+		opts.KeyID, opts.Scope = c.KeyID, c.Scope
+	}
+	engine, err := policy.Open(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer engine.Close()
+	go func() {
+		if err := engine.Watch(ctx, c.BundlePoll); err != nil && ctx.Err() == nil {
+			logger.Error("policy bundle watch stopped", "err", err)
+		}
+	}()
+
+	certs, err := NewCertReloader(c.TLSCert, c.TLSKey, logger)
+	if err != nil {
+		return err
+	}
+	metrics := NewMetrics()
+	metrics.observeRevision(engine.Revision())
+	reviewOpts := Options{Decider: engine, Metrics: metrics}
+	ready := func() error { return nil }
+	if !c.NoUsage {
+		client, err := kubeClient(c.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		cluster, err := NewCluster(client)
+		if err != nil {
+			return err
+		}
+		reviewOpts.Usage, reviewOpts.Handlers = cluster.Usage, cluster.Handlers
+		ready = cluster.Ready
+		go func() {
+			if err := cluster.Start(ctx); err != nil && ctx.Err() == nil {
+				logger.Error("informers", "err", err)
+			}
+		}()
+	}
+	reviewer, err := NewReviewer(reviewOpts)
+	if err != nil {
+		return err
+	}
+	h, err := Handler(HandlerOptions{Reviewer: reviewer, MaxBodyBytes: c.MaxBodyBytes, Ready: ready, Metrics: metrics, Logger: logger})
+	if err != nil {
+		return err
+	}
+	if c.ProbeListen != "" {
+		probes := &http.Server{Addr: c.ProbeListen, Handler: probeOnly(h), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := probes.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error("probe listener", "addr", c.ProbeListen, "err", err)
+			}
+		}()
+		defer probes.Close()
+	}
+	logger.Info("bulkhead webhook serving", "addr", c.Listen, "revision", engine.Revision())
+	return Serve(ctx, ServeOptions{Addr: c.Listen, Certs: certs, Handler: h, Logger: logger})
+}
+
+// probeOnly serves everything h serves except /validate, which must only
+// ever be reached over TLS.
+func probeOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == PathValidate {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	cfg.UserAgent = "bulkhead-webhook"
+	return kubernetes.NewForConfig(cfg)
+}

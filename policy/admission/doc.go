@@ -1,0 +1,15 @@
+// Package admission is Bulkhead's validating admission webhook: it turns an
+// admission.k8s.io/v1 AdmissionRequest for a Pod, or for a workload that
+// carries a pod template, into a policy.Input of kind "admission", asks the
+// same policy bundle the nodes use, and answers with an AdmissionResponse.
+//
+// Invariants the package keeps:
+//   - Identity comes from the request's namespace only. Pod annotations under
+//     bulkhead.dev/ are requests; a tenant or tier written there that differs
+//     from what the bundle derives from the namespace is refused.
+//   - It fails closed: a policy error, an undefined decision, an input it
+//     cannot read or a usage it cannot count refuses the object with a
+//     message that names the rule or field and why.
+//   - Review is a pure function of the request, the policy and the usage
+//     snapshot; the HTTP layer (Handler) only decodes, bounds and encodes.
+package admission

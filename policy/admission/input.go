@@ -1,0 +1,378 @@
+package admission
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/bulkhead-runtime/bulkhead/policy"
+)
+
+// Annotations a pod author may set. They are requests, never identity.
+const (
+	// AnnotationGPUProfile names a MIG profile such as "1g.18gb", or "whole".
+	AnnotationGPUProfile = "bulkhead.dev/gpu-profile"
+	// AnnotationGPUCount is the number of slices (or whole GPUs); default 1.
+	AnnotationGPUCount = "bulkhead.dev/gpu-count"
+	// AnnotationRDMA asks for the tenant's own RDMA VF ("true"/"false").
+	AnnotationRDMA = "bulkhead.dev/rdma"
+)
+
+// Resource names read from container limits.
+const (
+	resourceGPU       = corev1.ResourceName("nvidia.com/gpu")
+	resourceMIGPrefix = "nvidia.com/mig-"
+)
+
+// maxGPUCount bounds bulkhead.dev/gpu-count: no node has more slices.
+const maxGPUCount = 64
+
+// ProfileWhole is the GPU profile of a full, non-MIG GPU.
+const ProfileWhole = "whole"
+
+var profilePattern = regexp.MustCompile(`^(whole|[1-8]g\.[0-9]+gb(\+[a-z0-9]+)?(\.[a-z0-9-]+)?)$`)
+
+// Supported kinds: the pod itself and every built-in workload with a pod template.
+var (
+	kindPod         = schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+	kindDeployment  = schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}
+	kindReplicaSet  = schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "ReplicaSet"}
+	kindStatefulSet = schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "StatefulSet"}
+	kindDaemonSet   = schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "DaemonSet"}
+	kindJob         = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"}
+	kindCronJob     = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "CronJob"}
+)
+
+// SupportedKinds lists the kinds Review understands, in the order the
+// ValidatingWebhookConfiguration lists their resources.
+func SupportedKinds() []schema.GroupVersionKind {
+	return []schema.GroupVersionKind{kindPod, kindDeployment, kindReplicaSet, kindStatefulSet, kindDaemonSet, kindJob, kindCronJob}
+}
+
+// ErrUnsupportedKind is wrapped by podOf for a kind it cannot read.
+var ErrUnsupportedKind = fmt.Errorf("unsupported kind")
+
+// podObject is the pod, or pod template, found in an admitted object.
+type podObject struct {
+	// Workload is "Pod" or the kind carrying the template ("Deployment", ...).
+	Workload string
+	// Name is the object's name (generateName when the name is empty).
+	Name string
+	// Object is the admitted object's own metadata (deletion state, UID).
+	Object metav1.ObjectMeta
+	// Meta is the pod's metadata: the pod itself or the template's.
+	Meta metav1.ObjectMeta
+	Spec corev1.PodSpec
+}
+
+// podOf decodes raw as gvk and returns the pod it describes.
+func podOf(gvk schema.GroupVersionKind, raw []byte) (podObject, error) {
+	decode := func(v any) error {
+		if len(raw) == 0 {
+			return fmt.Errorf("object: empty")
+		}
+		if err := json.Unmarshal(raw, v); err != nil {
+			return fmt.Errorf("object: decoding %s: %w", gvk.Kind, err)
+		}
+		return nil
+	}
+	var (
+		out  podObject
+		meta metav1.ObjectMeta
+		tmpl corev1.PodTemplateSpec
+	)
+	switch gvk {
+	case kindPod:
+		var o corev1.Pod
+		if err := decode(&o); err != nil {
+			return out, err
+		}
+		meta, tmpl = o.ObjectMeta, corev1.PodTemplateSpec{ObjectMeta: o.ObjectMeta, Spec: o.Spec}
+	case kindDeployment:
+		var o appsv1.Deployment
+		if err := decode(&o); err != nil {
+			return out, err
+		}
+		meta, tmpl = o.ObjectMeta, o.Spec.Template
+	case kindReplicaSet:
+		var o appsv1.ReplicaSet
+		if err := decode(&o); err != nil {
+			return out, err
+		}
+		meta, tmpl = o.ObjectMeta, o.Spec.Template
+	case kindStatefulSet:
+		var o appsv1.StatefulSet
+		if err := decode(&o); err != nil {
+			return out, err
+		}
+		meta, tmpl = o.ObjectMeta, o.Spec.Template
+	case kindDaemonSet:
+		var o appsv1.DaemonSet
+		if err := decode(&o); err != nil {
+			return out, err
+		}
+		meta, tmpl = o.ObjectMeta, o.Spec.Template
+	case kindJob:
+		var o batchv1.Job
+		if err := decode(&o); err != nil {
+			return out, err
+		}
+		meta, tmpl = o.ObjectMeta, o.Spec.Template
+	case kindCronJob:
+		var o batchv1.CronJob
+		if err := decode(&o); err != nil {
+			return out, err
+		}
+		meta, tmpl = o.ObjectMeta, o.Spec.JobTemplate.Spec.Template
+	default:
+		return out, fmt.Errorf("kind %q: %w (supported: Pod, Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob)", gvk.GroupVersion().String()+" "+gvk.Kind, ErrUnsupportedKind)
+	}
+	out = podObject{Workload: gvk.Kind, Name: meta.Name, Object: meta, Meta: tmpl.ObjectMeta, Spec: tmpl.Spec}
+	if out.Name == "" {
+		out.Name = meta.GenerateName
+	}
+	return out, nil
+}
+
+// HandlerResolver maps a RuntimeClass name to its CRI handler.
+type HandlerResolver interface {
+	// Handler returns the handler of the named RuntimeClass.
+	Handler(runtimeClass string) (string, error)
+}
+
+// inputFor builds the policy input for pod in namespace. Usage is left zero.
+func inputFor(namespace string, pod podObject, handlers HandlerResolver) (policy.Input, error) {
+	in := policy.Input{
+		Version:   policy.ContractVersion,
+		Kind:      policy.KindAdmission,
+		Namespace: namespace,
+		Pod: policy.Pod{
+			Name:        pod.Name,
+			UID:         string(pod.Object.UID),
+			Annotations: pod.Meta.Annotations,
+			Labels:      pod.Meta.Labels,
+			HostNetwork: pod.Spec.HostNetwork,
+			HostPID:     pod.Spec.HostPID,
+			HostIPC:     pod.Spec.HostIPC,
+		},
+	}
+	if rc := pod.Spec.RuntimeClassName; rc != nil && *rc != "" {
+		handler := *rc
+		if handlers != nil {
+			h, err := handlers.Handler(*rc)
+			if err != nil {
+				return in, fmt.Errorf("spec.runtimeClassName %q: %w", *rc, err)
+			}
+			handler = h
+		}
+		in.Pod.RuntimeHandler = handler
+	}
+	devices := hostDeviceVolumes(pod.Spec.Volumes)
+	add := func(c corev1.Container) {
+		out := policy.Container{Name: c.Name, Image: c.Image}
+		if sc := c.SecurityContext; sc != nil && sc.Privileged != nil {
+			out.Privileged = *sc.Privileged
+		}
+		for _, m := range c.VolumeMounts {
+			if path, ok := devices[m.Name]; ok {
+				out.Devices = append(out.Devices, path)
+			}
+		}
+		if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+			out.MemoryBytes = q.Value()
+		}
+		for _, e := range c.Env {
+			if out.Env == nil {
+				out.Env = make(map[string]string, len(c.Env))
+			}
+			// A value from a Secret or ConfigMap is not in the spec: the
+			// name alone is shown, with an empty value.
+			out.Env[e.Name] = e.Value
+		}
+		in.Pod.Containers = append(in.Pod.Containers, out)
+	}
+	for _, c := range pod.Spec.InitContainers {
+		add(c)
+	}
+	for _, c := range pod.Spec.Containers {
+		add(c)
+	}
+	req, err := requestOf(pod.Meta.Annotations, pod.Spec)
+	if err != nil {
+		return in, err
+	}
+	in.Request = req
+	return in, nil
+}
+
+// hostDeviceVolumes maps volume names to the host path of hostPath volumes
+// under /dev: the closest thing a pod spec has to a device request.
+func hostDeviceVolumes(vols []corev1.Volume) map[string]string {
+	out := map[string]string{}
+	for _, v := range vols {
+		if hp := v.HostPath; hp != nil && (hp.Path == "/dev" || strings.HasPrefix(hp.Path, "/dev/")) {
+			out[v.Name] = hp.Path
+		}
+	}
+	return out
+}
+
+// requestOf parses what a pod asks Bulkhead for from its annotations and
+// resource limits. Errors name the annotation or resource and the rule.
+func requestOf(annotations map[string]string, spec corev1.PodSpec) (policy.Request, error) {
+	var req policy.Request
+	req.MemoryBytes = effectiveLimit(spec, func(c corev1.Container) int64 {
+		if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+			return q.Value()
+		}
+		return 0
+	})
+	gpus := effectiveLimit(spec, func(c corev1.Container) int64 {
+		if q, ok := limitsOf(c)[resourceGPU]; ok {
+			return q.Value()
+		}
+		return 0
+	})
+	migProfile, migCount, err := migResources(spec)
+	if err != nil {
+		return req, err
+	}
+
+	profile, hasProfile := annotations[AnnotationGPUProfile]
+	countText, hasCount := annotations[AnnotationGPUCount]
+	count := 0
+	if hasCount {
+		n, err := strconv.Atoi(strings.TrimSpace(countText))
+		if err != nil || n < 1 || n > maxGPUCount {
+			return req, fmt.Errorf("annotation %s: must be an integer from 1 to %d, got %q", AnnotationGPUCount, maxGPUCount, countText)
+		}
+		count = n
+	}
+	if hasProfile {
+		profile = strings.TrimSpace(profile)
+		if !profilePattern.MatchString(profile) {
+			return req, fmt.Errorf("annotation %s: must be %q or a MIG profile such as \"1g.18gb\", got %q", AnnotationGPUProfile, ProfileWhole, annotations[AnnotationGPUProfile])
+		}
+	}
+	switch {
+	case migProfile != "" && gpus > 0:
+		return req, fmt.Errorf("resources: %s and %s%s both requested; ask for one kind of GPU", resourceGPU, resourceMIGPrefix, migProfile)
+	case migProfile != "":
+		if hasProfile && profile != migProfile {
+			return req, fmt.Errorf("annotation %s: %q contradicts resource limit %s%s", AnnotationGPUProfile, profile, resourceMIGPrefix, migProfile)
+		}
+		profile, hasProfile = migProfile, true
+		gpus = migCount
+	case gpus > 0 && !hasProfile:
+		profile, hasProfile = ProfileWhole, true
+	}
+	if !hasProfile {
+		if hasCount {
+			return req, fmt.Errorf("annotation %s: needs %s (or a GPU resource limit)", AnnotationGPUCount, AnnotationGPUProfile)
+		}
+	} else {
+		switch {
+		case hasCount && gpus > 0 && int64(count) != gpus:
+			return req, fmt.Errorf("annotation %s: %d contradicts the pod's GPU resource limits (%d)", AnnotationGPUCount, count, gpus)
+		case !hasCount && gpus > 0:
+			if gpus > maxGPUCount {
+				return req, fmt.Errorf("resources: %d GPUs requested, at most %d", gpus, maxGPUCount)
+			}
+			count = int(gpus)
+		case !hasCount:
+			count = 1
+		}
+		req.GPU = &policy.GPURequest{Profile: profile, Count: count}
+	}
+
+	if text, ok := annotations[AnnotationRDMA]; ok {
+		b, err := strconv.ParseBool(strings.TrimSpace(text))
+		if err != nil {
+			return req, fmt.Errorf("annotation %s: must be \"true\" or \"false\", got %q", AnnotationRDMA, text)
+		}
+		req.RDMA = b
+	}
+	return req, nil
+}
+
+// migResources reads nvidia.com/mig-<profile> limits (the device plugin's
+// "mixed" strategy). A pod may ask for one profile only.
+func migResources(spec corev1.PodSpec) (string, int64, error) {
+	profile := ""
+	var count int64
+	var err error
+	visit := func(c corev1.Container) {
+		for name, q := range limitsOf(c) {
+			p, ok := strings.CutPrefix(string(name), resourceMIGPrefix)
+			if !ok || q.Value() == 0 {
+				continue
+			}
+			if profile != "" && p != profile && err == nil {
+				err = fmt.Errorf("resources: MIG profiles %s%s and %s%s both requested; a pod uses one profile", resourceMIGPrefix, profile, resourceMIGPrefix, p)
+			}
+			profile = p
+		}
+	}
+	for _, c := range spec.InitContainers {
+		visit(c)
+	}
+	for _, c := range spec.Containers {
+		visit(c)
+	}
+	if err != nil || profile == "" {
+		return "", 0, err
+	}
+	if !profilePattern.MatchString(profile) {
+		return "", 0, fmt.Errorf("resources: %s%s is not a MIG profile", resourceMIGPrefix, profile)
+	}
+	count = effectiveLimit(spec, func(c corev1.Container) int64 {
+		if q, ok := limitsOf(c)[corev1.ResourceName(resourceMIGPrefix+profile)]; ok {
+			return q.Value()
+		}
+		return 0
+	})
+	return profile, count, nil
+}
+
+// limitsOf returns the container's limits, falling back to requests for
+// resources that set only a request.
+func limitsOf(c corev1.Container) corev1.ResourceList {
+	if len(c.Resources.Requests) == 0 {
+		return c.Resources.Limits
+	}
+	out := corev1.ResourceList{}
+	for k, v := range c.Resources.Requests {
+		out[k] = v
+	}
+	for k, v := range c.Resources.Limits {
+		out[k] = v
+	}
+	return out
+}
+
+// effectiveLimit is the pod-level value Kubernetes uses for a resource:
+// the larger of the sum over app and sidecar containers and the largest
+// plain init container (sidecars are init containers that keep running).
+func effectiveLimit(spec corev1.PodSpec, get func(corev1.Container) int64) int64 {
+	var sum, initMax int64
+	for _, c := range spec.Containers {
+		sum += get(c)
+	}
+	for _, c := range spec.InitContainers {
+		v := get(c)
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			sum += v
+			continue
+		}
+		initMax = max(initMax, v)
+	}
+	return max(sum, initMax)
+}

@@ -1,0 +1,110 @@
+package admission
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Results counted by Metrics.
+const (
+	ResultAllowed = "allowed"
+	ResultDenied  = "denied"
+	ResultError   = "error"
+)
+
+// Metrics are the webhook's Prometheus series. A nil *Metrics records nothing.
+type Metrics struct {
+	// Registry holds every series below; serve it on /metrics.
+	Registry *prometheus.Registry
+
+	decisions  *prometheus.CounterVec
+	rules      *prometheus.CounterVec
+	latency    prometheus.Histogram
+	badRequest *prometheus.CounterVec
+	revision   *prometheus.GaugeVec
+
+	// mu serialises changes of the revision series; current holds the
+	// revision label set to 1, read without the lock on the hot path.
+	mu      sync.Mutex
+	current atomic.Pointer[string]
+}
+
+// NewMetrics registers the webhook's series, plus the Go and process
+// collectors, on a fresh registry.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bulkhead_webhook_decisions_total",
+			Help: "Admission reviews answered, by result (allowed, denied, error) and object kind.",
+		}, []string{"result", "kind"}),
+		rules: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bulkhead_webhook_rule_hits_total",
+			Help: "Policy rules that fired in admission reviews, by rule id and enforcement (deny, warn, audit).",
+		}, []string{"rule", "enforcement"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "bulkhead_webhook_review_duration_seconds",
+			Help:    "Time from a complete request body to an encoded AdmissionReview response.",
+			Buckets: prometheus.ExponentialBuckets(0.000125, 2, 16),
+		}),
+		badRequest: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bulkhead_webhook_bad_requests_total",
+			Help: "Requests refused before review, by reason (method, content_type, too_large, malformed).",
+		}, []string{"reason"}),
+		revision: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "bulkhead_webhook_bundle_revision_info",
+			Help: "1 for the revision of the policy bundle that made the latest decision.",
+		}, []string{"revision"}),
+	}
+	m.Registry.MustRegister(m.decisions, m.rules, m.latency, m.badRequest, m.revision,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *Metrics) observeDecision(result, kind string) {
+	if m != nil {
+		m.decisions.WithLabelValues(result, kind).Inc()
+	}
+}
+
+func (m *Metrics) observeRule(rule, enforcement string) {
+	if m != nil {
+		m.rules.WithLabelValues(rule, enforcement).Inc()
+	}
+}
+
+func (m *Metrics) observeLatency(d time.Duration) {
+	if m != nil {
+		m.latency.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) observeBadRequest(reason string) {
+	if m != nil {
+		m.badRequest.WithLabelValues(reason).Inc()
+	}
+}
+
+// observeRevision sets the bundle revision series; one label value at a time.
+func (m *Metrics) observeRevision(rev string) {
+	if m == nil || rev == "" {
+		return
+	}
+	if cur := m.current.Load(); cur != nil && *cur == rev {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur := m.current.Load(); cur != nil {
+		if *cur == rev {
+			return
+		}
+		m.revision.DeleteLabelValues(*cur)
+	}
+	m.revision.WithLabelValues(rev).Set(1)
+	m.current.Store(&rev)
+}

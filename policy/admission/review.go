@@ -1,0 +1,304 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/bulkhead-runtime/bulkhead/policy"
+)
+
+// Rule ids the webhook itself reports, beside the bundle's own. (The bundle
+// owns every other rule, including identity.annotation_mismatch, which
+// refuses a bulkhead.dev/tenant or bulkhead.dev/tier annotation that
+// contradicts the namespace.)
+const (
+	// RulePolicyUndefined fires when the bundle refuses without naming a rule.
+	RulePolicyUndefined = "policy.denied_without_reason"
+)
+
+// UsageSource reports what running pods already hold, per namespace.
+type UsageSource interface {
+	// Snapshot returns each namespace's usage, not counting the pod whose
+	// UID is exclude (the pod under review, on UPDATE). It fails when the
+	// source cannot vouch for its counts (not yet synced).
+	Snapshot(exclude types.UID) (map[string]policy.Usage, error)
+}
+
+// Options configure a Reviewer.
+type Options struct {
+	// Decider evaluates the policy bundle; required.
+	Decider policy.Decider
+	// Handlers resolves RuntimeClass names to CRI handlers. Nil means a
+	// RuntimeClass's name is its handler.
+	Handlers HandlerResolver
+	// Usage counts the tenant's pods, GPU slices and memory cluster-wide.
+	// Nil leaves input.usage zero (quotas then apply per pod only).
+	Usage UsageSource
+	// Metrics records decisions and rule hits; nil records nothing.
+	Metrics *Metrics
+}
+
+// Reviewer answers admission requests. It is safe for concurrent use.
+type Reviewer struct {
+	decider  policy.Decider
+	handlers HandlerResolver
+	usage    UsageSource
+	metrics  *Metrics
+
+	// mu guards tenants and revision: the tenant each namespace mapped to
+	// under the bundle revision last seen in a decision.
+	mu       sync.RWMutex
+	tenants  map[string]string
+	revision string
+}
+
+// NewReviewer checks opts and returns a Reviewer.
+func NewReviewer(opts Options) (*Reviewer, error) {
+	if opts.Decider == nil {
+		return nil, errors.New("admission: Options.Decider is required")
+	}
+	return &Reviewer{
+		decider:  opts.Decider,
+		handlers: opts.Handlers,
+		usage:    opts.Usage,
+		metrics:  opts.Metrics,
+		tenants:  map[string]string{},
+	}, nil
+}
+
+// Review answers one AdmissionRequest. It never returns nil: a request it
+// cannot read is refused with a status that names the problem.
+func (r *Reviewer) Review(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	if req == nil {
+		return refuse("", http.StatusBadRequest, metav1.StatusReasonBadRequest, "admission review: request is missing")
+	}
+	kind := req.Kind.Kind
+	resp, result := r.review(ctx, req)
+	resp.UID = req.UID
+	r.metrics.observeDecision(result, kind)
+	return resp
+}
+
+func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest) (*admissionv1.AdmissionResponse, string) {
+	switch req.Operation {
+	case admissionv1.Create, admissionv1.Update:
+	default:
+		// DELETE and CONNECT carry no pod to judge.
+		return &admissionv1.AdmissionResponse{Allowed: true}, ResultAllowed
+	}
+	gvk := schema.GroupVersionKind(req.Kind)
+	pod, err := podOf(gvk, req.Object.Raw)
+	if err != nil {
+		return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest, "bulkhead: "+err.Error()), ResultError
+	}
+	if req.Operation == admissionv1.Update && pod.Object.DeletionTimestamp != nil {
+		// Removing finalizers from an object on its way out must never be
+		// blocked by a policy that changed since it was admitted.
+		return &admissionv1.AdmissionResponse{Allowed: true}, ResultAllowed
+	}
+	subject := fmt.Sprintf("%s %q in namespace %q", strings.ToLower(pod.Workload), pod.Name, req.Namespace)
+
+	in, err := inputFor(req.Namespace, pod, r.handlers)
+	if err != nil {
+		return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("bulkhead: %s: %v", subject, err)), ResultError
+	}
+	// Quotas count pods. A template is judged as one pod of a tenant with no
+	// usage, like Kubernetes' own ResourceQuota: its pods meet the real
+	// usage when the controller creates them, and updating a workload of a
+	// tenant at its quota stays possible.
+	if r.usage != nil && gvk == kindPod {
+		in.Usage, err = r.tenantUsage(ctx, req.Namespace, pod.Object.UID)
+		if err != nil {
+			return refuse(req.UID, http.StatusInternalServerError, metav1.StatusReasonInternalError,
+				fmt.Sprintf("bulkhead: %s: counting tenant usage (fail closed): %v", subject, err)), ResultError
+		}
+	}
+
+	dec, err := r.decider.Decide(ctx, in)
+	if err != nil {
+		msg := fmt.Sprintf("bulkhead: %s: policy evaluation failed (fail closed): %v", subject, err)
+		if rs := formatReasons(deniesOf(dec.Reasons)); rs != "" {
+			msg += ": " + rs
+		}
+		return refuse(req.UID, http.StatusInternalServerError, metav1.StatusReasonInternalError, msg), ResultError
+	}
+	r.learn(req.Namespace, dec)
+	return r.respond(subject, pod, dec)
+}
+
+// respond turns a decision into a response: deny-level reasons refuse,
+// warn-level ones become warnings, audit-level ones audit annotations.
+func (r *Reviewer) respond(subject string, pod podObject, dec policy.Decision) (*admissionv1.AdmissionResponse, string) {
+	r.metrics.observeRevision(dec.Revision)
+	var denies, warns, audits []policy.Reason
+	for _, rs := range dec.Reasons {
+		enf := rs.Enforcement
+		if enf == "" {
+			enf = policy.EnforceDeny
+		}
+		r.metrics.observeRule(rs.Rule, enf)
+		switch enf {
+		case policy.EnforceWarn:
+			warns = append(warns, rs)
+		case policy.EnforceAudit:
+			audits = append(audits, rs)
+		default:
+			// Unknown modes are treated as deny: fail closed.
+			denies = append(denies, rs)
+		}
+	}
+	if !dec.Allow && len(denies) == 0 {
+		denies = append(denies, policy.Reason{Rule: RulePolicyUndefined, Message: "the policy refused without naming a rule (fail closed)"})
+		r.metrics.observeRule(RulePolicyUndefined, policy.EnforceDeny)
+	}
+
+	resp := &admissionv1.AdmissionResponse{Allowed: len(denies) == 0}
+	for _, w := range warns {
+		resp.Warnings = append(resp.Warnings, fmt.Sprintf("bulkhead [%s] %s", w.Rule, w.Message))
+	}
+	for _, w := range dec.Warnings {
+		if !slices.ContainsFunc(warns, func(r policy.Reason) bool { return w == r.Rule+": "+r.Message }) {
+			resp.Warnings = append(resp.Warnings, "bulkhead: "+w)
+		}
+	}
+	annotations := map[string]string{}
+	if dec.ID != "" {
+		annotations["decision-id"] = dec.ID
+	}
+	if dec.Revision != "" {
+		annotations["bundle-revision"] = dec.Revision
+	}
+	if len(audits) > 0 {
+		annotations["audit"] = formatReasons(audits)
+	}
+	if len(annotations) > 0 {
+		resp.AuditAnnotations = annotations
+	}
+	if resp.Allowed {
+		return resp, ResultAllowed
+	}
+	identity := fmt.Sprintf("tenant %q, tier %q", dec.Tenant, dec.Tier)
+	if dec.Revision != "" {
+		identity += ", bundle revision " + dec.Revision
+	}
+	resp.Result = &metav1.Status{
+		Status:  metav1.StatusFailure,
+		Code:    http.StatusForbidden,
+		Reason:  metav1.StatusReasonForbidden,
+		Message: fmt.Sprintf("bulkhead denied %s (%s): %s", subject, identity, formatReasons(denies)),
+	}
+	return resp, ResultDenied
+}
+
+// tenantUsage sums the usage of every namespace the bundle maps to the same
+// tenant as namespace. A namespace with no tenant counts alone.
+func (r *Reviewer) tenantUsage(ctx context.Context, namespace string, exclude types.UID) (policy.Usage, error) {
+	perNS, err := r.usage.Snapshot(exclude)
+	if err != nil {
+		return policy.Usage{}, err
+	}
+	tenant, err := r.tenantOf(ctx, namespace)
+	if err != nil {
+		return policy.Usage{}, err
+	}
+	if tenant == "" {
+		return perNS[namespace], nil
+	}
+	var sum policy.Usage
+	for ns, u := range perNS {
+		t, err := r.tenantOf(ctx, ns)
+		if err != nil {
+			return policy.Usage{}, err
+		}
+		if t == tenant {
+			sum.Sandboxes += u.Sandboxes
+			sum.GPUSlices += u.GPUSlices
+			sum.MemoryBytes += u.MemoryBytes
+		}
+	}
+	return sum, nil
+}
+
+// tenantOf returns the tenant the bundle derives from namespace. The bundle
+// owns that mapping, so on a miss it asks the policy about an empty pod in
+// the namespace and keeps the answer until the bundle revision changes.
+func (r *Reviewer) tenantOf(ctx context.Context, namespace string) (string, error) {
+	r.mu.RLock()
+	t, ok := r.tenants[namespace]
+	r.mu.RUnlock()
+	if ok {
+		return t, nil
+	}
+	dec, err := r.decider.Decide(ctx, policy.Input{
+		Version:   policy.ContractVersion,
+		Kind:      policy.KindAdmission,
+		Namespace: namespace,
+		Pod:       policy.Pod{Name: "bulkhead-tenant-probe"},
+	})
+	if err != nil {
+		return "", fmt.Errorf("resolving the tenant of namespace %q: %w", namespace, err)
+	}
+	r.learn(namespace, dec)
+	return dec.Tenant, nil
+}
+
+// learn records the namespace's tenant from a decision, forgetting every
+// mapping when the decision comes from a new bundle revision.
+// Only decisions made without error are learnt from.
+func (r *Reviewer) learn(namespace string, dec policy.Decision) {
+	r.mu.RLock()
+	known, ok := r.tenants[namespace]
+	same := ok && known == dec.Tenant && r.revision == dec.Revision
+	r.mu.RUnlock()
+	if same {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if dec.Revision != r.revision {
+		r.tenants = map[string]string{}
+		r.revision = dec.Revision
+	}
+	r.tenants[namespace] = dec.Tenant
+}
+
+func deniesOf(rs []policy.Reason) []policy.Reason {
+	var out []policy.Reason
+	for _, r := range rs {
+		if r.Enforcement == "" || r.Enforcement == policy.EnforceDeny {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// formatReasons lists reasons as "[rule] message; [rule] message", sorted
+// by rule id so the message is stable.
+func formatReasons(rs []policy.Reason) string {
+	rs = append([]policy.Reason(nil), rs...)
+	sort.SliceStable(rs, func(i, j int) bool { return rs[i].Rule < rs[j].Rule })
+	parts := make([]string, 0, len(rs))
+	for _, r := range rs {
+		parts = append(parts, fmt.Sprintf("[%s] %s", r.Rule, r.Message))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func refuse(uid types.UID, code int32, reason metav1.StatusReason, msg string) *admissionv1.AdmissionResponse {
+	return &admissionv1.AdmissionResponse{
+		UID:     uid,
+		Allowed: false,
+		Result:  &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: msg},
+	}
+}

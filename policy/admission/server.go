@@ -1,0 +1,222 @@
+package admission
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	admissionv1 "k8s.io/api/admission/v1"
+)
+
+// Paths served by Handler.
+const (
+	PathValidate = "/validate"
+	PathHealthz  = "/healthz"
+	PathReadyz   = "/readyz"
+	PathMetrics  = "/metrics"
+)
+
+// DefaultMaxBodyBytes bounds an AdmissionReview body. The API server sends
+// objects of at most ~1.5 MiB (etcd's limit), twice on UPDATE, plus the
+// request around them.
+const DefaultMaxBodyBytes = 4 << 20
+
+// HandlerOptions configure Handler.
+type HandlerOptions struct {
+	// Reviewer answers the reviews; required.
+	Reviewer *Reviewer
+	// MaxBodyBytes bounds a request body; 0 means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// Ready reports whether the webhook can answer (bundle loaded, caches
+	// synced); /readyz fails with its error. Nil means always ready.
+	Ready func() error
+	// Metrics records latency and bad requests and is served on /metrics.
+	// Nil serves no /metrics.
+	Metrics *Metrics
+	// Logger receives one line per refused request; nil discards.
+	Logger *slog.Logger
+}
+
+// Handler returns the webhook's HTTP handler: POST /validate with an
+// admission.k8s.io/v1 AdmissionReview, /healthz, /readyz and /metrics.
+func Handler(opts HandlerOptions) (http.Handler, error) {
+	if opts.Reviewer == nil {
+		return nil, errors.New("admission: HandlerOptions.Reviewer is required")
+	}
+	if opts.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("admission: HandlerOptions.MaxBodyBytes %d must not be negative", opts.MaxBodyBytes)
+	}
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	v := &validator{opts: opts}
+	mux := http.NewServeMux()
+	mux.Handle(PathValidate, v)
+	mux.HandleFunc(PathHealthz, func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc(PathReadyz, func(w http.ResponseWriter, _ *http.Request) {
+		if opts.Ready != nil {
+			if err := opts.Ready(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	if opts.Metrics != nil {
+		mux.Handle(PathMetrics, promhttp.HandlerFor(opts.Metrics.Registry, promhttp.HandlerOpts{}))
+	}
+	return mux, nil
+}
+
+type validator struct {
+	opts HandlerOptions
+}
+
+// bufPool recycles request and response buffers across reviews.
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		v.fail(w, r, http.StatusMethodNotAllowed, "method", fmt.Sprintf("method %s: only POST is accepted", r.Method))
+		return
+	}
+	ct := r.Header.Get("Content-Type")
+	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+		v.fail(w, r, http.StatusUnsupportedMediaType, "content_type",
+			fmt.Sprintf("Content-Type %q: must be application/json", ct))
+		return
+	}
+	if r.ContentLength > v.opts.MaxBodyBytes {
+		v.fail(w, r, http.StatusRequestEntityTooLarge, "too_large",
+			fmt.Sprintf("body of %d bytes: exceeds the limit of %d bytes", r.ContentLength, v.opts.MaxBodyBytes))
+		return
+	}
+	buf := bufPool.Get().(*bytes.Buffer)
+	defer bufPool.Put(buf)
+	buf.Reset()
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, v.opts.MaxBodyBytes+1))
+	if err != nil {
+		v.fail(w, r, http.StatusBadRequest, "malformed", "reading body: "+err.Error())
+		return
+	}
+	if n > v.opts.MaxBodyBytes {
+		v.fail(w, r, http.StatusRequestEntityTooLarge, "too_large",
+			fmt.Sprintf("body: exceeds the limit of %d bytes", v.opts.MaxBodyBytes))
+		return
+	}
+	start := time.Now()
+	review, err := decodeReview(buf.Bytes())
+	if err != nil {
+		v.fail(w, r, http.StatusBadRequest, "malformed", err.Error())
+		return
+	}
+	resp := v.opts.Reviewer.Review(r.Context(), review.Request)
+	out := admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}
+	buf.Reset()
+	if err := json.NewEncoder(buf).Encode(&out); err != nil {
+		v.fail(w, r, http.StatusInternalServerError, "encode", "encoding response: "+err.Error())
+		return
+	}
+	v.opts.Metrics.observeLatency(time.Since(start))
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(buf.Bytes())
+}
+
+// decodeReview reads an admission.k8s.io/v1 AdmissionReview with a request.
+func decodeReview(body []byte) (*admissionv1.AdmissionReview, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, errors.New("body: empty; expected an admission.k8s.io/v1 AdmissionReview")
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &review); err != nil {
+		return nil, fmt.Errorf("body: not an AdmissionReview: %w", err)
+	}
+	if review.APIVersion != admissionv1.SchemeGroupVersion.String() || review.Kind != "AdmissionReview" {
+		return nil, fmt.Errorf("apiVersion/kind %q/%q: must be %q/\"AdmissionReview\"",
+			review.APIVersion, review.Kind, admissionv1.SchemeGroupVersion.String())
+	}
+	if review.Request == nil {
+		return nil, errors.New("request: missing from the AdmissionReview")
+	}
+	if review.Request.UID == "" {
+		return nil, errors.New("request.uid: empty; the API server always sets it")
+	}
+	return &review, nil
+}
+
+// fail answers a request that never reached review with a plain-text error.
+func (v *validator) fail(w http.ResponseWriter, r *http.Request, code int, reason, msg string) {
+	v.opts.Metrics.observeBadRequest(reason)
+	v.opts.Logger.Warn("admission request refused", "remote", r.RemoteAddr, "code", code, "reason", msg)
+	http.Error(w, "bulkhead webhook: "+msg, code)
+}
+
+// ServeOptions configure Serve.
+type ServeOptions struct {
+	// Addr is the listen address, such as ":8443"; ignored with Listener.
+	Addr string
+	// Listener, when set, is used instead of listening on Addr.
+	Listener net.Listener
+	// Certs serves the TLS certificate; required.
+	Certs *CertReloader
+	// Handler is the webhook's handler (see Handler); required.
+	Handler http.Handler
+	// Logger receives server errors; nil discards.
+	Logger *slog.Logger
+}
+
+// Serve runs the HTTPS server until ctx ends, then shuts it down gracefully.
+func Serve(ctx context.Context, opts ServeOptions) error {
+	if opts.Certs == nil || opts.Handler == nil {
+		return errors.New("admission: ServeOptions.Certs and Handler are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	srv := &http.Server{
+		Addr:              opts.Addr,
+		Handler:           opts.Handler,
+		TLSConfig:         opts.Certs.TLSConfig(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
+	}
+	ln := opts.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", opts.Addr); err != nil {
+			return fmt.Errorf("admission: %w", err)
+		}
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("admission: serving on %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		return fmt.Errorf("admission: shutting down: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,162 @@
+package policy
+
+import (
+	"context"
+	"io"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// benchInputs are realistic node decisions: allowed and refused pods of the
+// three demo tenants.
+func benchInputs() []Input {
+	agent := agentPod()
+	runc := agentPod()
+	runc.Pod.RuntimeHandler = "runc"
+	overQuota := agentPod()
+	overQuota.Usage.Sandboxes = 20
+	research := agentPod()
+	research.Namespace, research.Request.GPU.Profile, research.Request.RDMA = "research", "whole", true
+	research.Pod.Containers = append(research.Pod.Containers,
+		Container{Name: "sidecar", Image: "registry.local/proxy:1", MemoryBytes: 256 << 20},
+		Container{Name: "trainer", Image: "registry.local/train:2", Devices: []string{"/dev/fuse"}})
+	platform := agentPod()
+	platform.Namespace, platform.Pod.RuntimeHandler, platform.Request.GPU = "platform", "runc", nil
+	stranger := agentPod()
+	stranger.Namespace = "default"
+	return []Input{agent, runc, overQuota, research, platform, stranger}
+}
+
+const baselineBundle = `package bulkhead
+
+decision := {
+	"allow": true, "reasons": [], "tenant": "", "tier": "", "runtime": "gvisor",
+	"gpu": {"allowed_profiles": [], "max_slices": 0, "whole_gpu": false, "exclusive_physical_gpu": true, "mig_in_sandbox": "refuse"},
+	"network": {"isolation": "tenant", "egress_cidrs": [], "deny_metadata": true},
+	"rdma": "deny", "warnings": [],
+}
+`
+
+// latencySample is measured once per process: 100k decisions on the default
+// bundle and 100k on a constant baseline bundle through the same engine.
+var latencySample struct {
+	once             sync.Once
+	bundle, baseline []time.Duration
+	allowed, refused int
+}
+
+const sampleSize = 100_000
+
+func measure(b *testing.B, e *Engine, inputs []Input) ([]time.Duration, int) {
+	ctx := context.Background()
+	out := make([]time.Duration, sampleSize)
+	allowed := 0
+	for i := range out {
+		in := inputs[i%len(inputs)]
+		start := time.Now()
+		d, err := e.Decide(ctx, in)
+		out[i] = time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d.Allow {
+			allowed++
+		}
+	}
+	slices.Sort(out)
+	return out, allowed
+}
+
+func percentile(sorted []time.Duration, p float64) float64 {
+	return float64(sorted[int(p*float64(len(sorted)-1))].Nanoseconds())
+}
+
+func openBaseline(b *testing.B) *Engine {
+	dir := writeBundleDir(b, map[string]string{"decision.rego": baselineBundle})
+	e, err := Open(context.Background(), Options{BundlePath: dir, InsecureSkipVerification: true, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return e
+}
+
+// BenchmarkDecide reports ns/op and allocs/op of Decide on the default
+// bundle over a mix of realistic inputs, and p50/p90/p99/p99.9 over 100k
+// decisions, with the same figures for a constant bundle as baseline.
+func BenchmarkDecide(b *testing.B) {
+	e := openDefault(b)
+	inputs := benchInputs()
+	latencySample.once.Do(func() {
+		base := openBaseline(b)
+		var baseAllowed int
+		latencySample.baseline, baseAllowed = measure(b, base, inputs)
+		if baseAllowed != sampleSize {
+			b.Fatal("baseline bundle refused a decision")
+		}
+		var allowed int
+		latencySample.bundle, allowed = measure(b, e, inputs)
+		latencySample.allowed, latencySample.refused = allowed, sampleSize-allowed
+	})
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := e.Decide(ctx, inputs[i%len(inputs)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	s := &latencySample
+	b.ReportMetric(percentile(s.bundle, 0.50), "p50-ns")
+	b.ReportMetric(percentile(s.bundle, 0.90), "p90-ns")
+	b.ReportMetric(percentile(s.bundle, 0.99), "p99-ns")
+	b.ReportMetric(percentile(s.bundle, 0.999), "p99.9-ns")
+	b.ReportMetric(percentile(s.baseline, 0.50), "baseline-p50-ns")
+	b.ReportMetric(percentile(s.baseline, 0.99), "baseline-p99-ns")
+	b.ReportMetric(percentile(s.bundle, 0.99)/percentile(s.baseline, 0.99), "p99/baseline-p99")
+	b.ReportMetric(percentile(s.bundle, 0.99)/50_000, "p99/50µs-target")
+	b.ReportMetric(float64(s.refused)/sampleSize, "refused-fraction")
+}
+
+// BenchmarkDecideParallel is Decide from GOMAXPROCS goroutines at once.
+func BenchmarkDecideParallel(b *testing.B) {
+	e := openDefault(b)
+	inputs := benchInputs()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		i := 0
+		for pb.Next() {
+			if _, err := e.Decide(ctx, inputs[i%len(inputs)]); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+}
+
+// BenchmarkDecideWithDecisionLog adds masking and a JSON line per decision.
+func BenchmarkDecideWithDecisionLog(b *testing.B) {
+	e, err := Open(context.Background(), Options{
+		BundlePath:               repoPath(b, "rego"),
+		DataPath:                 repoPath(b, "rego/examples/tenants.demo.json"),
+		InsecureSkipVerification: true,
+		DecisionLog:              io.Discard,
+		Logger:                   quietLogger(),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	inputs := benchInputs()
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := e.Decide(ctx, inputs[i%len(inputs)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}

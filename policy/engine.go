@@ -1,0 +1,418 @@
+// Package policy decides what a pod may have by evaluating a signed OPA
+// bundle (default: rego/). It keeps one invariant: every decision comes from
+// a bundle that was verified and compiled before it became active, and every
+// failure is a deny that names its cause.
+package policy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/bundle"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
+)
+
+// Queries the engine evaluates.
+const (
+	DecisionQuery = "data.bulkhead.decision"
+	MaskQuery     = "data.system.log.mask"
+)
+
+// Rule ids of the engine's own fail-closed denies.
+const (
+	RuleUndefined = "engine.undefined" // the bundle has no decision for this input
+	RuleError     = "engine.error"     // evaluation failed
+	RuleShape     = "engine.shape"     // the decision breaks the contract
+)
+
+// Engine evaluates the active bundle. It is safe for concurrent use: Decide
+// reads an immutable snapshot that Reload swaps atomically.
+type Engine struct {
+	opts   Options
+	vc     *bundle.VerificationConfig
+	logger *slog.Logger
+
+	decisions *lockedWriter // nil when no decision log is configured
+	closer    io.Closer     // the decision log file, when the engine opened it
+
+	active atomic.Pointer[snapshot]
+
+	reloadMu sync.Mutex // serialises Reload so snapshots activate in order
+
+	idPrefix string
+	idSeq    atomic.Uint64
+}
+
+// snapshot is one compiled, verified bundle. Never modified once built.
+type snapshot struct {
+	revision    string
+	fingerprint string
+	decision    rego.PreparedEvalQuery
+	mask        *rego.PreparedEvalQuery // nil when the bundle defines no mask
+}
+
+// Open validates opts, loads, verifies and compiles the bundle and returns an
+// engine ready to decide.
+func Open(ctx context.Context, opts Options) (*Engine, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	vc, err := opts.verificationConfig()
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, vc: vc, logger: opts.Logger}
+	if e.logger == nil {
+		e.logger = slog.Default()
+	}
+	var prefix [4]byte
+	_, _ = rand.Read(prefix[:])
+	e.idPrefix = hex.EncodeToString(prefix[:])
+
+	snap, err := e.load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policy: bundle %s: %w", opts.BundlePath, err)
+	}
+	switch {
+	case opts.DecisionLog != nil:
+		e.decisions = &lockedWriter{w: opts.DecisionLog}
+	case opts.DecisionLogFile == "-":
+		e.decisions = &lockedWriter{w: os.Stdout}
+	case opts.DecisionLogFile != "":
+		rf := &RotatingFile{Path: opts.DecisionLogFile, MaxBytes: opts.DecisionLogMaxBytes, Backups: opts.DecisionLogBackups}
+		if rf.MaxBytes == 0 {
+			rf.MaxBytes = 64 << 20
+		}
+		if rf.Backups == 0 {
+			rf.Backups = 5
+		}
+		if err := os.MkdirAll(filepath.Dir(rf.Path), 0o700); err != nil {
+			return nil, fmt.Errorf("policy: Options.DecisionLogFile: %w", err)
+		}
+		e.decisions, e.closer = &lockedWriter{w: rf}, rf
+	}
+	e.active.Store(snap)
+	e.logger.Info("policy bundle active", "bundle", opts.BundlePath, "revision", snap.revision, "verified", vc != nil)
+	return e, nil
+}
+
+// Close releases the decision log file. Decide must not be called after.
+func (e *Engine) Close() error {
+	if e.closer != nil {
+		return e.closer.Close()
+	}
+	return nil
+}
+
+// Revision is the revision of the active bundle.
+func (e *Engine) Revision() string { return e.active.Load().revision }
+
+// Reload reads, verifies and compiles the bundle again and activates it. On
+// any failure the active bundle stays and the error names its revision.
+func (e *Engine) Reload(ctx context.Context) error {
+	e.reloadMu.Lock()
+	defer e.reloadMu.Unlock()
+	old := e.active.Load()
+	snap, err := e.load(ctx)
+	if err != nil {
+		e.logger.Error("policy bundle reload refused; keeping the active bundle",
+			"bundle", e.opts.BundlePath, "active_revision", old.revision, "error", err)
+		return fmt.Errorf("policy: reload of %s refused, revision %s stays active: %w", e.opts.BundlePath, old.revision, err)
+	}
+	e.active.Store(snap)
+	e.logger.Info("policy bundle reloaded", "bundle", e.opts.BundlePath, "revision", snap.revision, "previous_revision", old.revision)
+	return nil
+}
+
+// Watch polls the bundle (and DataPath) every interval and reloads when
+// they change, until ctx ends. Failed reloads are logged and retried only
+// after the next change.
+func (e *Engine) Watch(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		return fmt.Errorf("policy: Watch interval %v must be positive", interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	seen := e.active.Load().fingerprint
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		fp := fingerprint(e.opts.BundlePath, e.opts.DataPath)
+		if fp == seen {
+			continue
+		}
+		seen = fp
+		_ = e.Reload(ctx) // logged by Reload
+	}
+}
+
+// load builds a snapshot from the files on disk.
+func (e *Engine) load(ctx context.Context) (*snapshot, error) {
+	if e.vc == nil {
+		e.logger.Error("POLICY BUNDLE SIGNATURE VERIFICATION IS DISABLED (InsecureSkipVerification): whatever is at the bundle path will be enforced; never run a production node like this",
+			"bundle", e.opts.BundlePath)
+	}
+	fp := fingerprint(e.opts.BundlePath, e.opts.DataPath)
+	b, rev, err := readBundle(e.opts.BundlePath, e.vc)
+	if err != nil {
+		return nil, err
+	}
+	if e.opts.DataPath != "" {
+		if err := mergeDataFile(b, e.opts.DataPath); err != nil {
+			return nil, fmt.Errorf("data %s: %w", e.opts.DataPath, err)
+		}
+	}
+	snap, err := compile(ctx, b, rev)
+	if err != nil {
+		return nil, fmt.Errorf("revision %s: %w", rev, err)
+	}
+	snap.fingerprint = fp
+	// A bundle that cannot answer a minimal input is broken: refuse it here
+	// rather than deny every pod after the swap.
+	probe := Input{Version: ContractVersion, Kind: KindSandbox}
+	if _, err := snap.evaluate(ctx, &probe); err != nil {
+		return nil, fmt.Errorf("revision %s: probe decision: %w", rev, err)
+	}
+	return snap, nil
+}
+
+// compile compiles the bundle's modules once and prepares both queries on it.
+func compile(ctx context.Context, b *bundle.Bundle, rev string) (*snapshot, error) {
+	compiler := ast.NewCompiler().
+		WithCapabilities(Capabilities()).
+		WithEnablePrintStatements(false)
+	compiler.Compile(b.ParsedModules("bulkhead"))
+	if compiler.Failed() {
+		return nil, fmt.Errorf("compile: %w", compiler.Errors)
+	}
+	data := b.Data
+	if data == nil {
+		data = map[string]any{}
+	}
+	store := inmem.NewFromObjectWithOpts(data, inmem.OptRoundTripOnWrite(false), inmem.OptReturnASTValuesOnRead(true))
+	prepare := func(query string) (rego.PreparedEvalQuery, error) {
+		return rego.New(
+			rego.Query(query),
+			rego.Compiler(compiler),
+			rego.Store(store),
+			rego.StrictBuiltinErrors(true),
+		).PrepareForEval(ctx)
+	}
+	decision, err := prepare(DecisionQuery)
+	if err != nil {
+		return nil, fmt.Errorf("prepare %s: %w", DecisionQuery, err)
+	}
+	snap := &snapshot{revision: rev, decision: decision}
+	if len(compiler.GetRulesExact(ast.MustParseRef(MaskQuery))) > 0 {
+		mask, err := prepare(MaskQuery)
+		if err != nil {
+			return nil, fmt.Errorf("prepare %s: %w", MaskQuery, err)
+		}
+		snap.mask = &mask
+	}
+	return snap, nil
+}
+
+// keepAST hands the evaluator's result over as a Rego value: decodeDecision
+// reads it directly instead of through a JSON-like copy.
+func keepAST(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil }
+
+// evalError carries the rule id of a fail-closed deny.
+type evalError struct {
+	rule string
+	err  error
+}
+
+func (e *evalError) Error() string { return e.rule + ": " + e.err.Error() }
+func (e *evalError) Unwrap() error { return e.err }
+
+func (s *snapshot) evaluate(ctx context.Context, in *Input) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, &evalError{RuleError, err}
+	}
+	rs, err := s.decision.Eval(ctx, rego.EvalParsedInput(in.astValue()), rego.EvalGenerateJSON(keepAST))
+	if err != nil {
+		return Decision{}, &evalError{RuleError, err}
+	}
+	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
+		return Decision{}, &evalError{RuleUndefined, errors.New(DecisionQuery + " is undefined for this input")}
+	}
+	v, _ := rs[0].Expressions[0].Value.(ast.Value)
+	d, err := decodeDecision(v)
+	if err != nil {
+		return Decision{}, &evalError{RuleShape, err}
+	}
+	return d, nil
+}
+
+// Decide evaluates the active bundle for in. It never fails open: when the
+// bundle errs, has no decision or returns a malformed one, Decide returns a
+// deny whose single reason is engine.error, engine.undefined or engine.shape,
+// together with the error. The decision always carries ID and Revision, and
+// is written to the decision log when one is configured.
+func (e *Engine) Decide(ctx context.Context, in Input) (Decision, error) {
+	start := time.Now()
+	snap := e.active.Load()
+	d, err := snap.evaluate(ctx, &in)
+	if err != nil {
+		var ee *evalError
+		rule := RuleError
+		if errors.As(err, &ee) {
+			rule = ee.rule
+		}
+		d = failClosed(rule, err.Error())
+		err = fmt.Errorf("policy: revision %s: %w", snap.revision, err)
+	}
+	d.ID = e.decisionID()
+	d.Revision = snap.revision
+	if e.decisions != nil {
+		e.logDecision(ctx, snap, &in, &d, err, time.Since(start))
+	}
+	return d, err
+}
+
+// decisionID is "<8 hex of this engine>-<sequence>", unique per process.
+func (e *Engine) decisionID() string {
+	buf := make([]byte, 0, 24)
+	buf = append(buf, e.idPrefix...)
+	buf = append(buf, '-')
+	seq := strconv.AppendUint(nil, e.idSeq.Add(1), 10)
+	for range 8 - len(seq) {
+		buf = append(buf, '0')
+	}
+	return string(append(buf, seq...))
+}
+
+// failClosed is the most restrictive decision, with one deny reason.
+func failClosed(rule, message string) Decision {
+	return Decision{
+		Allow:   false,
+		Reasons: []Reason{{Rule: rule, Message: message, Enforcement: EnforceDeny}},
+		Runtime: RuntimeGVisor,
+		RDMA:    RDMADeny,
+		GPU:     GPUDecision{AllowedProfiles: []string{}, ExclusivePhysicalGPU: true, MIGInSandbox: "refuse"},
+		Network: NetworkDecision{Isolation: "tenant", EgressCIDRs: []string{}, DenyMetadata: true},
+	}
+}
+
+func (e *Engine) logDecision(ctx context.Context, snap *snapshot, in *Input, d *Decision, decideErr error, latency time.Duration) {
+	entry := logEntry{
+		DecisionID: d.ID,
+		Revision:   snap.revision,
+		Timestamp:  time.Now().UTC(),
+		Kind:       in.Kind,
+		Namespace:  in.Namespace,
+		Result:     d,
+		LatencyNS:  latency.Nanoseconds(),
+	}
+	if decideErr != nil {
+		entry.Error = decideErr.Error()
+	}
+	doc, err := toDoc(map[string]any{"input": in, "result": d})
+	if err != nil {
+		entry.Error = "mask: " + err.Error()
+		entry.Input = "**masked: input could not be encoded**"
+		_ = e.decisions.writeLine(entry)
+		return
+	}
+	entry.Masked = builtinMask(doc)
+	if snap.mask != nil {
+		masked, err := applyBundleMask(ctx, snap.mask, doc)
+		entry.Masked = append(entry.Masked, masked...)
+		if err != nil {
+			// Never log what the bundle wanted hidden: drop the whole input.
+			e.logger.Error("policy decision log mask failed; input dropped from the log", "error", err)
+			doc["input"] = "**masked: data.system.log.mask failed**"
+		}
+	}
+	entry.Input, entry.Result = doc["input"], doc["result"]
+	if err := e.decisions.writeLine(entry); err != nil {
+		e.logger.Error("policy decision log write failed", "error", err)
+	}
+}
+
+func applyBundleMask(ctx context.Context, q *rego.PreparedEvalQuery, doc map[string]any) ([]string, error) {
+	rs, err := q.Eval(ctx, rego.EvalInput(doc))
+	if err != nil {
+		return nil, err
+	}
+	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
+		return nil, nil
+	}
+	ops, err := parseMaskOps(rs[0].Expressions[0].Value)
+	if err != nil {
+		return nil, err
+	}
+	var touched []string
+	for _, op := range ops {
+		if op.apply(doc) {
+			touched = append(touched, "/"+joinPointer(op.path))
+		}
+	}
+	return touched, nil
+}
+
+func joinPointer(parts []string) string {
+	out := ""
+	for i, p := range parts {
+		if i > 0 {
+			out += "/"
+		}
+		out += escapePointer(p)
+	}
+	return out
+}
+
+// toDoc turns v into plain JSON values that masks can edit.
+func toDoc(v any) (map[string]any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var doc map[string]any
+	err = json.Unmarshal(b, &doc)
+	return doc, err
+}
+
+// fingerprint summarises names, sizes and modification times of the files
+// under the given paths, to notice changes cheaply.
+func fingerprint(paths ...string) string {
+	var h strings.Builder
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		_ = filepath.WalkDir(p, func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				h.WriteString(path + ":error;")
+				return nil
+			}
+			info, err := d.Info()
+			if err != nil {
+				return nil
+			}
+			fmt.Fprintf(&h, "%s:%d:%d;", path, info.Size(), info.ModTime().UnixNano())
+			return nil
+		})
+	}
+	return h.String()
+}

@@ -1,0 +1,70 @@
+package policy
+
+import (
+	"context"
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/util"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+)
+
+// repoPath returns a path relative to the repository root; go test runs
+// in the package directory.
+func repoPath(t testing.TB, rel string) string {
+	t.Helper()
+	p, err := filepath.Abs(filepath.Join("..", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// openDefault opens the default bundle unsigned, with the demo tenants.
+func openDefault(t testing.TB) *Engine {
+	t.Helper()
+	e, err := Open(context.Background(), Options{
+		BundlePath:               repoPath(t, "rego"),
+		DataPath:                 repoPath(t, "rego/examples/tenants.demo.json"),
+		InsecureSkipVerification: true,
+		Logger:                   quietLogger(),
+	})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return e
+}
+
+// gpuNode is an H200 node with one MIG GPU shared by nobody and one idle.
+func gpuNode() *Node {
+	return &Node{Name: "node-a", GPUs: []NodeGPU{
+		{Index: 0, Model: "NVIDIA H200", MIGEnabled: true, FreeSlices: 7},
+		{Index: 1, Model: "NVIDIA H200", MIGEnabled: false, FreeSlices: 7},
+	}}
+}
+
+func agentPod() Input {
+	return Input{
+		Version:   ContractVersion,
+		Kind:      KindSandbox,
+		Namespace: "agents",
+		Pod: Pod{
+			Name: "agent-1", UID: "u-1", RuntimeHandler: "bulkhead",
+			Containers: []Container{{Name: "main", Image: "registry.local/agent@sha256:0123", MemoryBytes: 1 << 30}},
+		},
+		Request: Request{GPU: &GPURequest{Profile: "1g.18gb", Count: 1}, MemoryBytes: 1 << 30},
+		Usage:   Usage{Sandboxes: 2, GPUSlices: 1, MemoryBytes: 4 << 30},
+		Node:    gpuNode(),
+	}
+}
+
+func astValueFromJSON(b []byte) (ast.Value, error) {
+	var v any
+	if err := util.UnmarshalJSON(b, &v); err != nil {
+		return nil, err
+	}
+	return ast.InterfaceToValue(v)
+}

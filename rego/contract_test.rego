@@ -1,0 +1,24 @@
+package bulkhead.contract_test
+
+import data.bulkhead.contract
+import data.bulkhead.fixtures_test as fx
+
+test_v1_sandbox_and_admission_accepted if {
+	count(contract.findings) == 0 with input as fx.agent
+	count(contract.findings) == 0 with input as object.union(fx.agent, {"kind": "admission"})
+}
+
+test_wrong_version_refused if {
+	some f in contract.findings with input as object.union(fx.agent, {"version": "v2"})
+	f.rule == "input.version_unsupported"
+}
+
+test_missing_version_refused if {
+	some f in contract.findings with input as object.remove(fx.agent, ["version"])
+	f.rule == "input.version_unsupported"
+}
+
+test_unknown_kind_refused if {
+	some f in contract.findings with input as object.union(fx.agent, {"kind": "exec"})
+	f.rule == "input.kind_invalid"
+}

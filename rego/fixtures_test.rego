@@ -1,0 +1,48 @@
+# Shared inputs and tenants for the tests of the default bundle.
+package bulkhead.fixtures_test
+
+tenants := {
+	"agents": {
+		"tier": "untrusted",
+		"namespaces": ["agents"],
+		"egress_cidrs": ["10.96.0.0/12"],
+		"quota": {"sandboxes": 3, "gpu_slices": 4, "memory": "8Gi"},
+	},
+	"research": {
+		"tier": "standard",
+		"namespaces": ["research"],
+		"quota": {"sandboxes": 50, "gpu_slices": 28, "memory": "512Gi"},
+	},
+	"platform": {"tier": "trusted", "namespaces": ["platform"]},
+}
+
+node := {"name": "node-a", "gpus": [
+	{"index": 0, "model": "NVIDIA H200", "mig_enabled": true, "free_slices": 7},
+	{"index": 1, "model": "NVIDIA H200", "mig_enabled": false, "free_slices": 7},
+]}
+
+# pod(ns, handler) is a minimal, allowed sandbox input for namespace ns.
+pod(ns, handler) := {
+	"version": "v1",
+	"kind": "sandbox",
+	"namespace": ns,
+	"pod": {
+		"name": "p",
+		"runtime_handler": handler,
+		"containers": [{"name": "main", "image": "registry.local/app@sha256:00"}],
+	},
+	"request": {"memory_bytes": 1073741824},
+	"usage": {"sandboxes": 0, "gpu_slices": 0, "memory_bytes": 0},
+	"node": node,
+}
+
+agent := pod("agents", "bulkhead")
+
+research := pod("research", "bulkhead")
+
+platform := pod("platform", "runc")
+
+with_gpu(doc, profile, n) := object.union(doc, {"request": {"gpu": {"profile": profile, "count": n}}})
+
+# rules(d) is the set of rule ids of decision d.
+rules(d) := {r.rule | some r in d.reasons}

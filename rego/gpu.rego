@@ -1,0 +1,174 @@
+# METADATA
+# description: |
+#   GPU requests: MIG profile caps per tier, whole GPUs, co-tenancy on a
+#   physical GPU and the node's free capacity. gVisor's nvproxy cannot expose
+#   MIG capabilities, so the decision also says what the node must do when a
+#   sandbox cannot use a slice (mig_in_sandbox).
+package bulkhead.gpu
+
+import data.bulkhead.identity
+
+settings := identity.settings.gpu
+
+whole_slices := 7
+
+# request is input.request.gpu when the pod asks for a GPU.
+request := input.request.gpu if is_object(input.request.gpu)
+
+profile := object.get(request, "profile", "")
+
+gpu_count := object.get(request, "count", 0)
+
+whole if profile == "whole"
+
+# data.bulkhead.gpu_profiles maps each MIG profile name to the compute
+# slices one instance of it uses.
+known_profile if data.bulkhead.gpu_profiles[profile]
+
+# profile_slices is the number of compute slices one unit of the profile uses.
+profile_slices := whole_slices if whole
+
+profile_slices := data.bulkhead.gpu_profiles[profile] if known_profile
+
+valid_count if {
+	is_number(gpu_count)
+	gpu_count >= 1
+	floor(gpu_count) == gpu_count
+}
+
+default requested_slices := 0
+
+requested_slices := profile_slices * gpu_count if valid_count
+
+# data.bulkhead.gpu_profiles_up_to[n] lists, sorted, the profiles of at most
+# n slices: precomputed (and checked by gpu_test.rego) so that a decision
+# does not walk the whole catalogue.
+mig_profiles := data.bulkhead.gpu_profiles_up_to[settings.max_profile_slices]
+
+allowed_profiles := array.concat(mig_profiles, ["whole"]) if settings.whole_gpu
+
+allowed_profiles := mig_profiles if not settings.whole_gpu
+
+quota_slices := identity.config.quota.gpu_slices
+
+default max_slices := 0
+
+max_slices := min({settings.max_slices, quota_slices}) if quota_slices
+
+max_slices := settings.max_slices if not quota_slices
+
+mig_in_sandbox := "whole-gpu" if {
+	settings.mig_in_sandbox == "whole-gpu"
+	settings.whole_gpu
+} else := "refuse"
+
+decision := {
+	"allowed_profiles": allowed_profiles,
+	"max_slices": max_slices,
+	"whole_gpu": settings.whole_gpu,
+	"exclusive_physical_gpu": settings.exclusive_physical_gpu,
+	"mig_in_sandbox": mig_in_sandbox,
+}
+
+findings contains {
+	"rule": "gpu.profile_unknown",
+	"message": sprintf("GPU profile %q is neither \"whole\" nor a MIG profile in data.bulkhead.gpu_profiles", [profile]),
+} if {
+	request
+	not whole
+	not known_profile
+}
+
+findings contains {
+	"rule": "gpu.count_invalid",
+	"message": sprintf("GPU count %v must be a whole number of at least 1", [gpu_count]),
+} if {
+	request
+	not valid_count
+}
+
+findings contains {
+	"rule": "gpu.whole_forbidden",
+	"message": sprintf("tier %q may not take a whole GPU; allowed profiles: %v", [identity.tier_label, allowed_profiles]),
+} if {
+	whole
+	not settings.whole_gpu
+}
+
+findings contains {
+	"rule": "gpu.profile_too_large",
+	"message": sprintf("profile %q uses %d compute slices; tier %q allows at most %d per slice", [profile, profile_slices, identity.tier_label, settings.max_profile_slices]),
+} if {
+	known_profile
+	profile_slices > settings.max_profile_slices
+}
+
+findings contains {
+	"rule": "gpu.max_slices",
+	"message": sprintf("tenant %q holds %d compute slices and asks for %d more (%v x %q); tier %q caps a tenant at %d", [identity.tenant_label, used_slices, requested_slices, gpu_count, profile, identity.tier_label, settings.max_slices]),
+} if {
+	requested_slices > 0
+	used_slices + requested_slices > settings.max_slices
+}
+
+used_slices := object.get(input, ["usage", "gpu_slices"], 0)
+
+# Node capacity is only known to the node: admission decisions skip it.
+on_node if input.kind == "sandbox"
+
+node_described if is_object(input.node)
+
+node_gpus := object.get(input.node, "gpus", []) if {
+	on_node
+	node_described
+}
+
+findings contains {
+	"rule": "gpu.node_unknown",
+	"message": "a sandbox input that requests a GPU must describe the node's GPUs (input.node)",
+} if {
+	request
+	on_node
+	not node_described
+}
+
+# shareable(g) holds when the tenant may place a slice on physical GPU g.
+shareable(g) if not settings.exclusive_physical_gpu
+
+shareable(g) if {
+	every t in object.get(g, "tenants", []) {
+		t == identity.tenant_label
+	}
+}
+
+free_mig_slices := sum([g.free_slices | some g in node_gpus; g.mig_enabled; shareable(g)])
+
+idle_gpus := count([g |
+	some g in node_gpus
+	count(object.get(g, "tenants", [])) == 0
+	idle(g)
+])
+
+idle(g) if not g.mig_enabled
+
+idle(g) if g.free_slices == whole_slices
+
+findings contains {
+	"rule": "gpu.no_capacity",
+	"message": sprintf("node %q has %d free MIG compute slices this tenant may use (exclusive_physical_gpu=%v); the pod needs %d", [object.get(input.node, "name", ""), free_mig_slices, settings.exclusive_physical_gpu, requested_slices]),
+} if {
+	node_gpus
+	known_profile
+	valid_count
+	free_mig_slices < requested_slices
+}
+
+findings contains {
+	"rule": "gpu.no_capacity",
+	"message": sprintf("node %q has %d idle whole GPUs; the pod needs %d", [object.get(input.node, "name", ""), idle_gpus, gpu_count]),
+} if {
+	node_gpus
+	whole
+	valid_count
+	idle_gpus < gpu_count
+}

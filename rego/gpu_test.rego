@@ -1,0 +1,112 @@
+package bulkhead.gpu_test
+
+import data.bulkhead.fixtures_test as fx
+import data.bulkhead.gpu
+
+rules(doc) := r if {
+	r := {f.rule | some f in gpu.findings} with input as doc with data.bulkhead.tenants as fx.tenants
+}
+
+test_profile_table if {
+	cases := [
+		# [input, profile, count, rule ids]
+		[fx.agent, "1g.18gb", 1, set()],
+		[fx.agent, "3g.71gb", 1, set()],
+		[fx.agent, "4g.71gb", 1, {"gpu.profile_too_large"}],
+		[fx.agent, "7g.141gb", 1, {"gpu.profile_too_large"}],
+		[fx.agent, "whole", 1, {"gpu.whole_forbidden"}],
+		[fx.agent, "2g.35gb", 4, {"gpu.max_slices", "gpu.no_capacity"}],
+		[fx.agent, "9g.1tb", 1, {"gpu.profile_unknown"}],
+		[fx.agent, "1g.18gb", 0, {"gpu.count_invalid"}],
+		[fx.agent, "1g.18gb", 1.5, {"gpu.count_invalid"}],
+		[fx.agent, "1g.18gb", "1", {"gpu.count_invalid"}],
+		[fx.research, "7g.141gb", 1, set()],
+		[fx.research, "whole", 1, set()],
+		[fx.research, "whole", 3, {"gpu.no_capacity"}],
+		[fx.platform, "whole", 1, set()],
+	]
+	every c in cases {
+		rules(fx.with_gpu(c[0], c[1], c[2])) == c[3]
+	}
+}
+
+test_no_gpu_request_no_findings if {
+	rules(fx.agent) == set()
+	gpu.requested_slices == 0 with input as fx.agent
+}
+
+test_requested_slices if {
+	gpu.requested_slices == 6 with input as fx.with_gpu(fx.agent, "3g.71gb", 2)
+	gpu.requested_slices == 14 with input as fx.with_gpu(fx.research, "whole", 2)
+}
+
+test_untrusted_decision if {
+	d := gpu.decision with input as fx.agent with data.bulkhead.tenants as fx.tenants
+	d.whole_gpu == false
+	d.exclusive_physical_gpu
+	d.mig_in_sandbox == "refuse"
+	d.max_slices == 4 # quota 4 < tier cap 7
+	"3g.71gb" in d.allowed_profiles
+	not "4g.71gb" in d.allowed_profiles
+	not "whole" in d.allowed_profiles
+}
+
+test_standard_decision if {
+	d := gpu.decision with input as fx.research with data.bulkhead.tenants as fx.tenants
+	d.whole_gpu
+	d.mig_in_sandbox == "whole-gpu"
+	d.max_slices == 28
+	"whole" in d.allowed_profiles
+	"7g.141gb" in d.allowed_profiles
+}
+
+test_trusted_without_quota_uses_tier_cap if {
+	d := gpu.decision with input as fx.platform with data.bulkhead.tenants as fx.tenants
+	d.max_slices == 56
+}
+
+test_whole_gpu_fallback_needs_whole_gpus if {
+	tiers := {"odd": {"gpu": {"max_profile_slices": 3, "whole_gpu": false, "mig_in_sandbox": "whole-gpu"}}}
+	tenants := {"odd": {"tier": "odd", "namespaces": ["odd"]}}
+	gpu.mig_in_sandbox == "refuse" with input as fx.pod("odd", "bulkhead")
+		with data.bulkhead.tenants as tenants
+		with data.bulkhead.tiers as tiers
+}
+
+test_exclusive_tier_skips_gpus_of_other_tenants if {
+	shared_node := {"name": "n", "gpus": [{"index": 0, "model": "H200", "mig_enabled": true, "free_slices": 5, "tenants": ["research"]}]}
+	doc := object.union(fx.with_gpu(fx.agent, "1g.18gb", 1), {"node": shared_node})
+	rules(doc) == {"gpu.no_capacity"}
+	own := object.union(doc, {"node": {"gpus": [{"index": 0, "model": "H200", "mig_enabled": true, "free_slices": 5, "tenants": ["agents"]}]}})
+	rules(own) == set()
+	research := object.union(fx.with_gpu(fx.research, "1g.18gb", 1), {"node": shared_node})
+	rules(research) == set()
+}
+
+test_admission_skips_node_capacity if {
+	doc := object.remove(object.union(fx.with_gpu(fx.research, "whole", 4), {"kind": "admission"}), ["node"])
+	rules(doc) == set()
+}
+
+test_sandbox_without_node_refused if {
+	doc := object.remove(fx.with_gpu(fx.agent, "1g.18gb", 1), ["node"])
+	rules(doc) == {"gpu.node_unknown"}
+}
+
+test_usage_counts_against_tier_cap if {
+	doc := object.union(fx.with_gpu(fx.agent, "3g.71gb", 1), {"usage": {"gpu_slices": 5}})
+	rules(doc) == {"gpu.max_slices"}
+}
+
+test_null_gpu_is_no_request if {
+	doc := object.union(fx.agent, {"request": {"gpu": null}})
+	rules(doc) == set()
+}
+
+
+test_profiles_up_to_matches_catalogue if {
+	count(data.bulkhead.gpu_profiles_up_to) == 8
+	every n, listed in data.bulkhead.gpu_profiles_up_to {
+		listed == sort([p | some p, slices in data.bulkhead.gpu_profiles; slices <= n])
+	}
+}

@@ -1,0 +1,95 @@
+# METADATA
+# description: |
+#   Tenant and trust tier come from the pod's namespace through
+#   data.bulkhead.tenants, never from anything the pod author writes.
+package bulkhead.identity
+
+# lockdown is what a pod gets when a tier leaves a setting out: the most
+# restrictive answer for every field, so a sparse tier never opens anything.
+lockdown := {
+	"runtimes": ["gvisor"],
+	"require_handler": true,
+	"allow_privileged": false,
+	"allow_host_namespaces": false,
+	"allowed_devices": [],
+	"require_pinned_images": true,
+	"gpu": {
+		"max_profile_slices": 0,
+		"whole_gpu": false,
+		"max_slices": 0,
+		"exclusive_physical_gpu": true,
+		"mig_in_sandbox": "refuse",
+	},
+	"rdma": "deny",
+	"network": {"isolation": "tenant", "egress": "allowlist", "deny_metadata": true},
+}
+
+# tenants_of_namespace holds every tenant that lists input.namespace.
+tenants_of_namespace contains name if {
+	some name, t in data.bulkhead.tenants
+	input.namespace in t.namespaces
+}
+
+# tenant is defined only when exactly one tenant owns the namespace.
+tenant := name if {
+	count(tenants_of_namespace) == 1
+	some name in tenants_of_namespace
+}
+
+# config is the tenant's entry in data.bulkhead.tenants.
+config := data.bulkhead.tenants[tenant]
+
+tier_name := config.tier
+
+# tier is defined only when the tenant's tier exists in data.bulkhead.tiers.
+tier := data.bulkhead.tiers[tier_name]
+
+# settings is the tier merged over lockdown; lockdown alone without a tier.
+settings := object.union(lockdown, tier) if tier
+
+settings := lockdown if not tier
+
+default tenant_label := ""
+
+tenant_label := tenant
+
+default tier_label := ""
+
+tier_label := tier_name if tier
+
+findings contains {
+	"rule": "tenant.unknown_namespace",
+	"message": sprintf("namespace %q belongs to no tenant in data.bulkhead.tenants", [input.namespace]),
+} if {
+	count(tenants_of_namespace) == 0
+}
+
+findings contains {
+	"rule": "tenant.ambiguous_namespace",
+	"message": sprintf("namespace %q is listed by several tenants %v; it must belong to exactly one", [input.namespace, sort(tenants_of_namespace)]),
+} if {
+	count(tenants_of_namespace) > 1
+}
+
+findings contains {
+	"rule": "tenant.unknown_tier",
+	"message": sprintf("tenant %q has tier %q, which is not in data.bulkhead.tiers", [tenant, object.get(config, "tier", "")]),
+} if {
+	tenant
+	not tier
+}
+
+# A pod may repeat its identity in annotations (some tools do), but it may
+# never claim another one.
+findings contains {
+	"rule": "identity.annotation_mismatch",
+	"message": sprintf("annotation %s=%q contradicts namespace %q, which belongs to %s %q", [key, claimed, input.namespace, what, actual]),
+} if {
+	some key, pair in {
+		"bulkhead.dev/tenant": ["tenant", tenant_label],
+		"bulkhead.dev/tier": ["tier", tier_label],
+	}
+	claimed := input.pod.annotations[key]
+	[what, actual] := pair
+	claimed != actual
+}
