@@ -1,0 +1,357 @@
+package mig
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+)
+
+func mockDevice(t *testing.T, node *MockNode, i int) nvml.Device {
+	t.Helper()
+	lib := node.Interface()
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	d, ret := lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	return d
+}
+
+func profileInfo(t *testing.T, d nvml.Device, enum int) nvml.GpuInstanceProfileInfo {
+	t.Helper()
+	info, ret := d.GetGpuInstanceProfileInfo(enum)
+	if ret != nvml.SUCCESS {
+		t.Fatalf("profile %d: %v", enum, ret)
+	}
+	return info
+}
+
+// The wrapped mock reports hardware profile IDs and placement sizes.
+func TestMockReportsHardwareGeometry(t *testing.T) {
+	for _, model := range Models() {
+		node, err := NewMockNode(model, 1, MockOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := mockDevice(t, node, 0)
+		m := node.Model()
+		for i, p := range m.Profiles {
+			info := profileInfo(t, d, p.NVMLProfile)
+			if info.Id != hardwareProfileIDs[i] {
+				t.Errorf("%s %s: id %d, want %d", model, p.Name, info.Id, hardwareProfileIDs[i])
+			}
+			pls, ret := d.GetGpuInstancePossiblePlacements(&info)
+			if ret != nvml.SUCCESS || len(pls) != len(p.Starts) {
+				t.Fatalf("%s %s: placements %v %v", model, p.Name, pls, ret)
+			}
+			for j, pl := range pls {
+				if int(pl.Start) != p.Starts[j] || int(pl.Size) != p.Slots {
+					t.Errorf("%s %s: placement %v, want {%d}:%d", model, p.Name, pl, p.Starts[j], p.Slots)
+				}
+			}
+		}
+	}
+}
+
+// The wrapped mock refuses what hardware refuses.
+func TestMockRefusesLikeHardware(t *testing.T) {
+	type create struct {
+		enum  int
+		start uint32
+		size  uint32 // 0: the profile's size
+	}
+	tests := []struct {
+		name    string
+		creates []create
+		want    nvml.Return // of the last create; earlier ones must succeed
+	}{
+		{"overlap 3g on 4g", []create{{nvml.GPU_INSTANCE_PROFILE_4_SLICE, 0, 0}, {nvml.GPU_INSTANCE_PROFILE_3_SLICE, 0, 0}}, nvml.ERROR_INSUFFICIENT_RESOURCES},
+		{"1g into a 3g", []create{{nvml.GPU_INSTANCE_PROFILE_3_SLICE, 4, 0}, {nvml.GPU_INSTANCE_PROFILE_1_SLICE, 5, 0}}, nvml.ERROR_INSUFFICIENT_RESOURCES},
+		{"7g on a used GPU", []create{{nvml.GPU_INSTANCE_PROFILE_1_SLICE, 6, 0}, {nvml.GPU_INSTANCE_PROFILE_7_SLICE, 0, 0}}, nvml.ERROR_INSUFFICIENT_RESOURCES},
+		{"second +me", []create{{nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 0, 0}, {nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 3, 0}}, nvml.ERROR_INSUFFICIENT_RESOURCES},
+		{"3g at start 2", []create{{nvml.GPU_INSTANCE_PROFILE_3_SLICE, 2, 0}}, nvml.ERROR_INSUFFICIENT_RESOURCES},
+		{"1g at slot 7", []create{{nvml.GPU_INSTANCE_PROFILE_1_SLICE, 7, 0}}, nvml.ERROR_INSUFFICIENT_RESOURCES},
+		{"3g with the mock's size 3", []create{{nvml.GPU_INSTANCE_PROFILE_3_SLICE, 0, 3}}, nvml.ERROR_INVALID_ARGUMENT},
+		{"7g with the mock's size 7", []create{{nvml.GPU_INSTANCE_PROFILE_7_SLICE, 0, 7}}, nvml.ERROR_INVALID_ARGUMENT},
+		{"4g+3g fills the GPU", []create{{nvml.GPU_INSTANCE_PROFILE_4_SLICE, 0, 0}, {nvml.GPU_INSTANCE_PROFILE_3_SLICE, 4, 0}}, nvml.SUCCESS},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			node, _ := NewMockNode("h200", 1, MockOptions{})
+			d := mockDevice(t, node, 0)
+			for i, c := range tt.creates {
+				info := profileInfo(t, d, c.enum)
+				size := c.size
+				if size == 0 {
+					pls, _ := d.GetGpuInstancePossiblePlacements(&info)
+					size = pls[0].Size
+				}
+				_, ret := d.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: c.start, Size: size})
+				want := nvml.Return(nvml.SUCCESS)
+				if i == len(tt.creates)-1 {
+					want = tt.want
+				}
+				if ret != want {
+					t.Fatalf("create %d: %v, want %v", i, ret, want)
+				}
+			}
+		})
+	}
+}
+
+func TestMockInstanceLifecycleRules(t *testing.T) {
+	node, _ := NewMockNode("a100-40gb", 1, MockOptions{})
+	d := mockDevice(t, node, 0)
+	info := profileInfo(t, d, nvml.GPU_INSTANCE_PROFILE_2_SLICE)
+	gi, ret := d.CreateGpuInstance(&info) // auto placement: first fit
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	giInfo, _ := gi.GetInfo()
+	if giInfo.Placement != (nvml.GpuInstancePlacement{Start: 0, Size: 2}) || giInfo.ProfileId != 14 {
+		t.Fatalf("gi info %+v", giInfo)
+	}
+	ciProfile, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if _, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED); ret != nvml.ERROR_NOT_SUPPORTED {
+		t.Fatalf("3-slice CI in a 2g: %v", ret)
+	}
+	ci, ret := gi.CreateComputeInstance(&ciProfile)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if _, ret := gi.CreateComputeInstance(&ciProfile); ret != nvml.ERROR_INSUFFICIENT_RESOURCES {
+		t.Fatalf("second full CI: %v", ret)
+	}
+	if ret := gi.Destroy(); ret != nvml.ERROR_IN_USE {
+		t.Fatalf("destroy GI with CI: %v", ret)
+	}
+	if ret, _ := d.SetMigMode(nvml.DEVICE_MIG_DISABLE); ret != nvml.ERROR_IN_USE {
+		t.Fatalf("disable MIG with instances: %v", ret)
+	}
+	mdev, ret := d.GetMigDeviceHandleByIndex(0)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	uuid, _ := mdev.GetUUID()
+	isMig, _ := mdev.IsMigDeviceHandle()
+	parent, _ := mdev.GetDeviceHandleFromMigDeviceHandle()
+	if !strings.HasPrefix(uuid, "MIG-") || !isMig || parent != d {
+		t.Fatalf("mig device %q %v %v", uuid, isMig, parent)
+	}
+	if byUUID, ret := node.Interface().DeviceGetHandleByUUID(uuid); ret != nvml.SUCCESS {
+		t.Fatalf("by uuid: %v", ret)
+	} else if id, _ := byUUID.GetUUID(); id != uuid {
+		t.Fatalf("by uuid got %s", id)
+	}
+	if ret := ci.Destroy(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if ret := gi.Destroy(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if _, ret := d.GetGpuInstanceById(int(giInfo.Id)); ret != nvml.ERROR_NOT_FOUND {
+		t.Fatalf("destroyed GI still found: %v", ret)
+	}
+}
+
+func TestNVMLBackendOnMock(t *testing.T) {
+	for _, model := range Models() {
+		t.Run(model, func(t *testing.T) {
+			node, err := NewMockNode(model, 2, MockOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			m := node.Model()
+			gpus, _ := b.GPUs()
+			if len(gpus) != 2 || gpus[1].Model != model || !gpus[1].MIGEnabled || gpus[1].Minor != 1 {
+				t.Fatalf("gpus %+v", gpus)
+			}
+			three, four, seven := m.Profiles[4].Name, m.Profiles[5].Name, m.Profiles[6].Name
+			a, err := b.Create(1, four, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := b.Create(1, three, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.GI == c.GI || a.UUID == "" || a.UUID == c.UUID || a.ParentMinor != 1 || a.Size != 4 || c.Start != 4 {
+				t.Fatalf("instances %+v %+v", a, c)
+			}
+			_, err = b.Create(1, seven, 0)
+			if !errors.Is(err, ErrInsufficientResources) || !errors.Is(err, nvml.ERROR_INSUFFICIENT_RESOURCES) {
+				t.Fatalf("overlap: %v", err)
+			}
+			insts, err := b.Instances()
+			if err != nil || len(insts) != 2 || insts[0] != a && insts[1] != a {
+				t.Fatalf("instances %+v, %v (created %+v %+v)", insts, err, a, c)
+			}
+			if err := b.Destroy(1, a.GI, a.CI); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Destroy(1, a.GI, a.CI); err != nil {
+				t.Fatalf("second destroy: %v", err)
+			}
+			if insts, _ := b.Instances(); len(insts) != 1 || insts[0].UUID != c.UUID {
+				t.Fatalf("after destroy %+v", insts)
+			}
+			if _, err := b.Create(0, "9g.1gb", 0); err == nil || !strings.Contains(err.Error(), "not a "+model+" profile") {
+				t.Fatalf("bad profile: %v", err)
+			}
+			if _, err := b.Create(5, four, 0); err == nil || !strings.Contains(err.Error(), "gpu 5: not on this node") {
+				t.Fatalf("bad gpu: %v", err)
+			}
+		})
+	}
+}
+
+// go-nvml's own mock reports 3g placements of size 3: the backend refuses it
+// instead of placing slices the hardware would reject.
+func TestNVMLBackendRefusesStockMock(t *testing.T) {
+	srv := dgxh200.New()
+	for _, d := range srv.Devices {
+		d.(*server.Device).MigMode = nvml.DEVICE_MIG_ENABLE
+	}
+	_, err := NewNVMLBackend(srv, NVMLOptions{})
+	if !errors.Is(err, ErrGeometryMismatch) {
+		t.Fatalf("error %v, want ErrGeometryMismatch", err)
+	}
+}
+
+func TestNVMLBackendMIGModeIsNeverToggledImplicitly(t *testing.T) {
+	node, _ := NewMockNode("h100", 1, MockOptions{MIGDisabled: true})
+	b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpus, _ := b.GPUs(); gpus[0].MIGEnabled {
+		t.Fatal("MIG reported enabled")
+	}
+	if len(b.AllocatorGPUs()) != 0 {
+		t.Fatal("MIG-disabled GPU offered to the allocator")
+	}
+	if _, err := b.Create(0, "1g.10gb", 0); !errors.Is(err, ErrMIGDisabled) {
+		t.Fatalf("create: %v", err)
+	}
+	if mode, _, _ := mockDevice(t, node, 0).GetMigMode(); mode != nvml.DEVICE_MIG_DISABLE {
+		t.Fatal("backend toggled MIG mode")
+	}
+	b, err = NewNVMLBackend(node.Interface(), NVMLOptions{EnableMIG: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpus, _ := b.GPUs(); !gpus[0].MIGEnabled {
+		t.Fatal("EnableMIG did not enable MIG")
+	}
+}
+
+// Two handles on one state file (as two shim processes would hold) see each
+// other's instances, and concurrent creations never overlap.
+func TestMockNodeSharedState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.json")
+	var wg sync.WaitGroup
+	results := make(chan error, 16)
+	for w := 0; w < 2; w++ {
+		node, err := OpenMockNode(path, "h200", 1, MockOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for s := 0; s < 4; s++ {
+			wg.Add(1)
+			go func(start int) {
+				defer wg.Done()
+				_, err := b.Create(0, "1g.18gb", start)
+				results <- err
+			}(s)
+		}
+	}
+	wg.Wait()
+	close(results)
+	ok, refused := 0, 0
+	for err := range results {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrInsufficientResources):
+			refused++
+		default:
+			t.Fatal(err)
+		}
+	}
+	if ok != 4 || refused != 4 {
+		t.Fatalf("%d created, %d refused; want 4 and 4", ok, refused)
+	}
+	if _, err := OpenMockNode(path, "h100", 1, MockOptions{}); err == nil || !strings.Contains(err.Error(), "holds 1 x h200") {
+		t.Fatalf("reopen as another model: %v", err)
+	}
+}
+
+// A second process creates an instance; this one sees it and is refused
+// an overlapping placement, as on a real node.
+func TestMockNodeAcrossProcesses(t *testing.T) {
+	if path := os.Getenv("BULKHEAD_MIG_HELPER_NODE"); path != "" {
+		node, err := OpenMockNode(path, "b200", 2, MockOptions{})
+		if err == nil {
+			var b *NVMLBackend
+			if b, err = NewNVMLBackend(node.Interface(), NVMLOptions{}); err == nil {
+				var inst Instance
+				if inst, err = b.Create(1, "3g.90gb", 4); err == nil {
+					json.NewEncoder(os.Stdout).Encode(inst)
+					return
+				}
+			}
+		}
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	path := filepath.Join(t.TempDir(), "node.json")
+	node, err := OpenMockNode(path, "b200", 2, MockOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMockNodeAcrossProcesses$")
+	cmd.Env = append(os.Environ(), "BULKHEAD_MIG_HELPER_NODE="+path)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helper: %v: %s", err, out)
+	}
+	var child Instance
+	if err := json.Unmarshal([]byte(strings.SplitN(string(out), "\n", 2)[0]), &child); err != nil {
+		t.Fatalf("helper output %q: %v", out, err)
+	}
+	b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	insts, err := b.Instances()
+	if err != nil || len(insts) != 1 || insts[0] != child {
+		t.Fatalf("instances %+v %v, child made %+v", insts, err, child)
+	}
+	if _, err := b.Create(1, "1g.45gb", 6); !errors.Is(err, ErrInsufficientResources) {
+		t.Fatalf("overlapping create: %v", err)
+	}
+}
