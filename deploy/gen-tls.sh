@@ -1,0 +1,24 @@
+#!/bin/sh
+# Creates a CA and the webhook's serving certificate in deploy/tls/ for
+# `kubectl apply -k deploy/`. The certificate names the Service
+# bulkhead-webhook.bulkhead-system.svc, which the API server dials.
+# Re-run it (and re-apply) to rotate: the webhook reloads the files the
+# kubelet updates, without a restart. Needs openssl.
+set -eu
+dir=${1:-$(dirname "$0")/tls}
+days=${DAYS:-365}
+svc=bulkhead-webhook.bulkhead-system.svc
+mkdir -p "$dir"
+umask 077
+if [ ! -f "$dir/ca.key" ]; then
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+		-keyout "$dir/ca.key" -out "$dir/ca.crt" -days 3650 \
+		-subj "/CN=bulkhead-webhook-ca" 2>/dev/null
+fi
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+	-keyout "$dir/tls.key" -out "$dir/tls.csr" -subj "/CN=$svc" 2>/dev/null
+printf 'subjectAltName=DNS:%s,DNS:%s.cluster.local,DNS:bulkhead-webhook.bulkhead-system\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n' "$svc" "$svc" >"$dir/ext.cnf"
+openssl x509 -req -in "$dir/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
+	-out "$dir/tls.crt" -days "$days" -extfile "$dir/ext.cnf" 2>/dev/null
+rm -f "$dir/tls.csr" "$dir/ext.cnf"
+echo "wrote $dir/tls.crt, $dir/tls.key and $dir/ca.crt (CA key: $dir/ca.key)"

@@ -1,0 +1,661 @@
+// Package deploy holds Bulkhead's Kubernetes manifests (a kustomize tree);
+// its tests decode every manifest strictly with the k8s.io/api types and
+// check that the pieces refer to each other correctly.
+package deploy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pelletier/go-toml/v2"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer/json"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+
+	"github.com/bulkhead-runtime/bulkhead/policy/admission"
+)
+
+const (
+	namespace   = "bulkhead-system"
+	handlerName = "bulkhead"
+)
+
+// kustomization is the subset of kustomize's Kustomization these manifests
+// use; decoding is strict, so a typo or an unused feature fails the test.
+type kustomization struct {
+	APIVersion       string      `json:"apiVersion"`
+	Kind             string      `json:"kind"`
+	Resources        []string    `json:"resources"`
+	GeneratorOptions *genOptions `json:"generatorOptions,omitempty"`
+	SecretGenerator  []generator `json:"secretGenerator,omitempty"`
+	ConfigMapGen     []generator `json:"configMapGenerator,omitempty"`
+	Replacements     []struct {
+		Source struct {
+			Kind      string `json:"kind"`
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+			FieldPath string `json:"fieldPath"`
+		} `json:"source"`
+		Targets []struct {
+			Select struct {
+				Kind string `json:"kind"`
+				Name string `json:"name"`
+			} `json:"select"`
+			FieldPaths []string `json:"fieldPaths"`
+		} `json:"targets"`
+	} `json:"replacements,omitempty"`
+	Images []struct {
+		Name    string `json:"name"`
+		NewTag  string `json:"newTag"`
+		NewName string `json:"newName,omitempty"`
+	} `json:"images,omitempty"`
+}
+
+type genOptions struct {
+	DisableNameSuffixHash bool              `json:"disableNameSuffixHash"`
+	Labels                map[string]string `json:"labels,omitempty"`
+}
+
+type generator struct {
+	Name      string   `json:"name"`
+	Namespace string   `json:"namespace"`
+	Type      string   `json:"type,omitempty"`
+	Files     []string `json:"files"`
+}
+
+// fileKeys maps each generator file entry ("key=path" or "path") to its key.
+func (g generator) fileKeys() map[string]string {
+	out := map[string]string{}
+	for _, f := range g.Files {
+		key, path, ok := strings.Cut(f, "=")
+		if !ok {
+			key, path = filepath.Base(f), f
+		}
+		out[key] = path
+	}
+	return out
+}
+
+// tree is every object of the kustomize tree, decoded strictly.
+type tree struct {
+	objects    []runtime.Object
+	generators map[string]generator // by name
+	kusts      map[string]kustomization
+}
+
+func decodeStrict(t *testing.T, name string, data []byte) []runtime.Object {
+	t.Helper()
+	s := json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme.Scheme, scheme.Scheme,
+		json.SerializerOptions{Yaml: true, Strict: true})
+	var out []runtime.Object
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+			continue
+		}
+		obj, _, err := s.Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: strict decode: %v", name, err)
+		}
+		out = append(out, obj)
+	}
+	return out
+}
+
+func stripComments(doc []byte) []byte {
+	var b bytes.Buffer
+	for _, line := range strings.Split(string(doc), "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.Bytes()
+}
+
+// loadTree walks the kustomizations from deploy/ and decodes every resource.
+func loadTree(t *testing.T) *tree {
+	t.Helper()
+	tr := &tree{generators: map[string]generator{}, kusts: map[string]kustomization{}}
+	var walk func(dir string)
+	walk = func(dir string) {
+		data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var k kustomization
+		if err := yaml.UnmarshalStrict(data, &k); err != nil {
+			t.Fatalf("%s/kustomization.yaml: %v", dir, err)
+		}
+		if k.APIVersion != "kustomize.config.k8s.io/v1beta1" || k.Kind != "Kustomization" {
+			t.Errorf("%s/kustomization.yaml: apiVersion/kind %s/%s", dir, k.APIVersion, k.Kind)
+		}
+		hasGenerators := len(k.SecretGenerator)+len(k.ConfigMapGen) > 0
+		if hasGenerators && (k.GeneratorOptions == nil || !k.GeneratorOptions.DisableNameSuffixHash) {
+			t.Errorf("%s/kustomization.yaml: generated names must be fixed (disableNameSuffixHash): the webhook and the installer reload them in place", dir)
+		}
+		tr.kusts[dir] = k
+		for _, g := range append(slices.Clone(k.SecretGenerator), k.ConfigMapGen...) {
+			if _, dup := tr.generators[g.Name]; dup {
+				t.Errorf("generator %s defined twice", g.Name)
+			}
+			for key, path := range g.fileKeys() {
+				if _, err := os.Stat(filepath.Join(dir, path)); err != nil && !generatedPerCluster(path) {
+					t.Errorf("%s: generator %s key %s: %v", dir, g.Name, key, err)
+				}
+			}
+			tr.generators[g.Name] = g
+		}
+		for _, res := range k.Resources {
+			p := filepath.Join(dir, res)
+			st, err := os.Stat(p)
+			if err != nil {
+				t.Fatalf("%s: resource %s: %v", dir, res, err)
+			}
+			if st.IsDir() {
+				walk(p)
+				continue
+			}
+			data, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.objects = append(tr.objects, decodeStrict(t, p, data)...)
+		}
+	}
+	walk(".")
+	return tr
+}
+
+// generatedPerCluster reports whether a generator input is made by
+// gen-tls.sh or policy/build.sh (and ignored by git) rather than committed.
+func generatedPerCluster(path string) bool {
+	return strings.HasPrefix(path, "tls/") || path == "policy/bundle.tar.gz" || path == "policy/bundle.pem"
+}
+
+func find[T runtime.Object](tr *tree, name string) (T, bool) {
+	var zero T
+	for _, o := range tr.objects {
+		if v, ok := o.(T); ok {
+			if m, ok := any(v).(interface{ GetName() string }); ok && m.GetName() == name {
+				return v, true
+			}
+		}
+	}
+	return zero, false
+}
+
+func mustFind[T runtime.Object](t *testing.T, tr *tree, name string) T {
+	t.Helper()
+	v, ok := find[T](tr, name)
+	if !ok {
+		var zero T
+		t.Fatalf("no %T named %q in the kustomize tree", zero, name)
+	}
+	return v
+}
+
+// TestEveryManifestIsReferenced: no YAML file in deploy/ is left out of the
+// kustomize tree (it would silently never be applied).
+func TestEveryManifestIsReferenced(t *testing.T) {
+	tr := loadTree(t)
+	referenced := map[string]bool{}
+	for dir, k := range tr.kusts {
+		referenced[filepath.Join(dir, "kustomization.yaml")] = true
+		for _, r := range k.Resources {
+			referenced[filepath.Join(dir, r)] = true
+		}
+	}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if strings.HasSuffix(path, ".yaml") && !referenced[path] {
+			t.Errorf("%s is not listed in any kustomization.yaml", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNamespacedObjectsLiveInBulkheadSystem: every namespaced object names
+// the namespace the tree creates.
+func TestNamespacedObjectsLiveInBulkheadSystem(t *testing.T) {
+	tr := loadTree(t)
+	mustFind[*corev1.Namespace](t, tr, namespace)
+	for _, o := range tr.objects {
+		m, ok := o.(interface {
+			GetNamespace() string
+			GetName() string
+		})
+		if !ok {
+			t.Fatalf("%T has no metadata", o)
+		}
+		switch o.(type) {
+		case *corev1.Namespace, *nodev1.RuntimeClass, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *admissionregistrationv1.ValidatingWebhookConfiguration:
+			if m.GetNamespace() != "" {
+				t.Errorf("cluster-scoped %T %s has namespace %q", o, m.GetName(), m.GetNamespace())
+			}
+		default:
+			if m.GetNamespace() != namespace {
+				t.Errorf("%T %s: namespace %q, want %q", o, m.GetName(), m.GetNamespace(), namespace)
+			}
+		}
+	}
+	for name, g := range tr.generators {
+		if g.Namespace != namespace {
+			t.Errorf("generator %s: namespace %q, want %q", name, g.Namespace, namespace)
+		}
+	}
+}
+
+// TestWebhookCrossReferences follows the API server's path to the webhook:
+// configuration -> Service -> Deployment pods -> container, and the rights
+// and files the container needs.
+func TestWebhookCrossReferences(t *testing.T) {
+	tr := loadTree(t)
+	vwc := mustFind[*admissionregistrationv1.ValidatingWebhookConfiguration](t, tr, "bulkhead")
+	if len(vwc.Webhooks) != 1 {
+		t.Fatalf("%d webhooks, want 1 (the caBundle replacement targets webhooks.0)", len(vwc.Webhooks))
+	}
+	wh := vwc.Webhooks[0]
+	svcRef := wh.ClientConfig.Service
+	if svcRef == nil || wh.ClientConfig.URL != nil {
+		t.Fatal("webhook must reach the in-cluster Service, not a URL")
+	}
+	if svcRef.Path == nil || *svcRef.Path != admission.PathValidate {
+		t.Errorf("webhook path = %v, want %s", svcRef.Path, admission.PathValidate)
+	}
+	if wh.FailurePolicy == nil || *wh.FailurePolicy != admissionregistrationv1.Fail {
+		t.Errorf("failurePolicy = %v, want Fail", wh.FailurePolicy)
+	}
+	if wh.TimeoutSeconds == nil || *wh.TimeoutSeconds < 1 || *wh.TimeoutSeconds > 10 {
+		t.Errorf("timeoutSeconds = %v, want 1..10", wh.TimeoutSeconds)
+	}
+	if wh.SideEffects == nil || *wh.SideEffects != admissionregistrationv1.SideEffectClassNone {
+		t.Errorf("sideEffects = %v, want None", wh.SideEffects)
+	}
+	if !slices.Equal(wh.AdmissionReviewVersions, []string{"v1"}) {
+		t.Errorf("admissionReviewVersions = %v, want [v1] (the handler refuses others)", wh.AdmissionReviewVersions)
+	}
+
+	// The namespace selector exempts kube-system and Bulkhead's own
+	// namespace (no deadlock) and nothing else.
+	sel, err := metav1LabelSelector(wh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ns, want := range map[string]bool{"kube-system": false, namespace: false, "agents": true, "default": true} {
+		if got := sel.Matches(labels.Set{"kubernetes.io/metadata.name": ns}); got != want {
+			t.Errorf("namespaceSelector matches %s = %v, want %v", ns, got, want)
+		}
+	}
+
+	// Rules cover exactly the kinds the handler understands.
+	plural := map[string]string{"Pod": "pods", "Deployment": "deployments", "ReplicaSet": "replicasets",
+		"StatefulSet": "statefulsets", "DaemonSet": "daemonsets", "Job": "jobs", "CronJob": "cronjobs"}
+	covered := map[schema.GroupVersionResource]bool{}
+	for _, r := range wh.Rules {
+		if !slices.Equal(r.Operations, []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}) {
+			t.Errorf("rule %v: operations %v, want CREATE and UPDATE", r.Resources, r.Operations)
+		}
+		for _, g := range r.APIGroups {
+			for _, v := range r.APIVersions {
+				for _, res := range r.Resources {
+					covered[schema.GroupVersionResource{Group: g, Version: v, Resource: res}] = true
+				}
+			}
+		}
+	}
+	var want []schema.GroupVersionResource
+	for _, k := range admission.SupportedKinds() {
+		want = append(want, schema.GroupVersionResource{Group: k.Group, Version: k.Version, Resource: plural[k.Kind]})
+	}
+	if len(covered) != len(want) {
+		t.Errorf("rules cover %d resources, the handler supports %d", len(covered), len(want))
+	}
+	for _, gvr := range want {
+		if !covered[gvr] {
+			t.Errorf("rules miss %s, which the handler supports", gvr)
+		}
+	}
+
+	// Service -> Deployment.
+	if svcRef.Namespace != namespace {
+		t.Errorf("webhook service namespace %q", svcRef.Namespace)
+	}
+	svc := mustFind[*corev1.Service](t, tr, svcRef.Name)
+	var port *corev1.ServicePort
+	for i := range svc.Spec.Ports {
+		if svcRef.Port != nil && svc.Spec.Ports[i].Port == *svcRef.Port {
+			port = &svc.Spec.Ports[i]
+		}
+	}
+	if port == nil {
+		t.Fatalf("Service %s has no port %v", svc.Name, svcRef.Port)
+	}
+	dep := mustFind[*appsv1.Deployment](t, tr, "bulkhead-webhook")
+	podLabels := labels.Set(dep.Spec.Template.Labels)
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) || len(svc.Spec.Selector) == 0 {
+		t.Errorf("Service selector %v does not select the Deployment's pods %v", svc.Spec.Selector, podLabels)
+	}
+	if s, err := metav1SelectorOf(dep.Spec.Selector); err != nil || !s.Matches(podLabels) {
+		t.Errorf("Deployment selector does not match its template: %v", err)
+	}
+	c := dep.Spec.Template.Spec.Containers[0]
+	if !hasPort(c, port.TargetPort.StrVal) {
+		t.Errorf("Service targetPort %q is not a port of container %s", port.TargetPort.StrVal, c.Name)
+	}
+	for _, sp := range svc.Spec.Ports {
+		if sp.TargetPort.StrVal != "" && !hasPort(c, sp.TargetPort.StrVal) {
+			t.Errorf("Service port %s targets unknown container port %q", sp.Name, sp.TargetPort.StrVal)
+		}
+	}
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas < 2 {
+		t.Error("failurePolicy Fail needs at least 2 webhook replicas")
+	}
+
+	// The container's flags parse with the binary's own parser, and every
+	// file they name is mounted from the right Secret or ConfigMap key.
+	cfg, err := admission.ParseFlags(c.Args, io.Discard)
+	if err != nil {
+		t.Fatalf("container args %v: %v", c.Args, err)
+	}
+	for flag, path := range map[string]string{"--tls-cert": cfg.TLSCert, "--tls-key": cfg.TLSKey, "--bundle": cfg.Bundle, "--key": cfg.Key} {
+		gen, key := mountedFrom(t, dep.Spec.Template.Spec, c, path)
+		g, ok := tr.generators[gen]
+		if !ok {
+			t.Errorf("%s %s: mounted from %q, which no generator makes", flag, path, gen)
+			continue
+		}
+		if _, ok := g.fileKeys()[key]; !ok {
+			t.Errorf("%s %s: key %q is not in generator %s", flag, path, key, gen)
+		}
+	}
+	if cfg.InsecureSkipVerification {
+		t.Error("the webhook must verify the bundle's signature")
+	}
+	node := nodeConfig(t)
+	if cfg.KeyID != node.Policy.KeyID || cfg.Scope != node.Policy.Scope {
+		t.Errorf("webhook key id/scope %q/%q differ from the nodes' %q/%q", cfg.KeyID, cfg.Scope, node.Policy.KeyID, node.Policy.Scope)
+	}
+	probes := map[string]string{admission.PathReadyz: "", admission.PathHealthz: ""}
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil {
+			t.Fatal("webhook container needs HTTP readiness and liveness probes")
+		}
+		if _, ok := probes[p.HTTPGet.Path]; !ok {
+			t.Errorf("probe path %s is not served", p.HTTPGet.Path)
+		}
+		if !hasPort(c, p.HTTPGet.Port.StrVal) {
+			t.Errorf("probe port %q is not a container port", p.HTTPGet.Port.StrVal)
+		}
+	}
+	if sc := c.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("webhook container should run with a read-only root file system")
+	}
+
+	// RBAC: the informers list and watch pods and RuntimeClasses.
+	sa := mustFind[*corev1.ServiceAccount](t, tr, dep.Spec.Template.Spec.ServiceAccountName)
+	crb := mustFind[*rbacv1.ClusterRoleBinding](t, tr, "bulkhead-webhook")
+	if !slices.ContainsFunc(crb.Subjects, func(s rbacv1.Subject) bool {
+		return s.Kind == "ServiceAccount" && s.Name == sa.Name && s.Namespace == sa.Namespace
+	}) {
+		t.Errorf("ClusterRoleBinding %s does not bind ServiceAccount %s/%s", crb.Name, sa.Namespace, sa.Name)
+	}
+	role := mustFind[*rbacv1.ClusterRole](t, tr, crb.RoleRef.Name)
+	for _, need := range []struct{ group, resource string }{{"", "pods"}, {"node.k8s.io", "runtimeclasses"}} {
+		for _, verb := range []string{"list", "watch"} {
+			if !allows(role.Rules, need.group, need.resource, verb) {
+				t.Errorf("ClusterRole %s does not allow %s %s.%s", role.Name, verb, need.resource, need.group)
+			}
+		}
+	}
+	mustFind[*policyv1PDB](t, tr, "bulkhead-webhook")
+}
+
+// TestNodeCrossReferences: RuntimeClass -> nodes the DaemonSet installs on,
+// and the files the installer copies.
+func TestNodeCrossReferences(t *testing.T) {
+	tr := loadTree(t)
+	rc := mustFind[*nodev1.RuntimeClass](t, tr, "bulkhead")
+	if rc.Handler != handlerName {
+		t.Errorf("RuntimeClass handler = %q, want %q (containerd runtime name)", rc.Handler, handlerName)
+	}
+	if rc.Overhead == nil || rc.Overhead.PodFixed.Memory().IsZero() || rc.Overhead.PodFixed.Cpu().IsZero() {
+		t.Error("RuntimeClass needs a pod overhead for gVisor's Sentry and Gofer")
+	}
+	ds := mustFind[*appsv1.DaemonSet](t, tr, "bulkhead-node")
+	if rc.Scheduling == nil || len(rc.Scheduling.NodeSelector) == 0 {
+		t.Fatal("RuntimeClass needs a node selector")
+	}
+	if !labels.SelectorFromSet(ds.Spec.Template.Spec.NodeSelector).Matches(labels.Set(rc.Scheduling.NodeSelector)) {
+		t.Errorf("RuntimeClass schedules onto %v, but the DaemonSet installs only on %v", rc.Scheduling.NodeSelector, ds.Spec.Template.Spec.NodeSelector)
+	}
+	if s, err := metav1SelectorOf(ds.Spec.Selector); err != nil || !s.Matches(labels.Set(ds.Spec.Template.Labels)) {
+		t.Errorf("DaemonSet selector does not match its template: %v", err)
+	}
+	spec := ds.Spec.Template.Spec
+	if !spec.HostPID {
+		t.Error("the installer needs hostPID to restart the host's containerd")
+	}
+	mustFind[*corev1.ServiceAccount](t, tr, spec.ServiceAccountName)
+	c := spec.Containers[0]
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Error("the installer must be privileged to write the host's containerd config")
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	// Every file the installer reads is mounted from a generated key.
+	files := []string{c.Command[len(c.Command)-2], env["CONFIG_SRC"], env["POLICY_SRC"] + "/bundle.tar.gz", env["POLICY_SRC"] + "/bundle.pem"}
+	for _, path := range files {
+		gen, key := mountedFrom(t, spec, c, path)
+		g, ok := tr.generators[gen]
+		if !ok {
+			t.Errorf("%s: mounted from %q, which no generator makes", path, gen)
+			continue
+		}
+		if _, ok := g.fileKeys()[key]; !ok {
+			t.Errorf("%s: key %q is not in generator %s", path, key, gen)
+		}
+	}
+	hostMounted := false
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil && v.HostPath.Path == "/" {
+			for _, m := range c.VolumeMounts {
+				hostMounted = hostMounted || (m.Name == v.Name && m.MountPath == env["HOST_ROOT"])
+			}
+		}
+	}
+	if !hostMounted {
+		t.Errorf("the host's / is not mounted at HOST_ROOT=%q", env["HOST_ROOT"])
+	}
+	// The installer writes the files where config.toml tells the shim to look.
+	node := nodeConfig(t)
+	script, err := os.ReadFile("node/install.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{node.Policy.Bundle, node.Policy.KeyFile, "/etc/bulkhead/config.toml", node.RunscPath} {
+		if !bytes.Contains(script, []byte(p)) {
+			t.Errorf("install.sh never writes %s, which config.toml names", p)
+		}
+	}
+}
+
+// nodeConfigFile mirrors the shim's /etc/bulkhead/config.toml keys.
+type nodeConfigFile struct {
+	RunscPath  string `toml:"runsc_path"`
+	RunscRoot  string `toml:"runsc_root"`
+	StateDir   string `toml:"state_dir"`
+	LedgerPath string `toml:"ledger_path"`
+	Runsc      struct {
+		Platform   string   `toml:"platform"`
+		Network    string   `toml:"network"`
+		ExtraFlags []string `toml:"extra_flags"`
+	} `toml:"runsc"`
+	Policy struct {
+		Bundle  string `toml:"bundle"`
+		KeyFile string `toml:"key_file"`
+		KeyID   string `toml:"key_id"`
+		Scope   string `toml:"scope"`
+	} `toml:"policy"`
+}
+
+func nodeConfig(t *testing.T) nodeConfigFile {
+	t.Helper()
+	data, err := os.ReadFile("node/config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c nodeConfigFile
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		t.Fatalf("node/config.toml: %v", err)
+	}
+	if c.Policy.KeyID == "" || c.Policy.Scope == "" || c.Policy.Bundle == "" || c.Policy.KeyFile == "" {
+		t.Errorf("node/config.toml: [policy] must set bundle, key_file, key_id and scope: %+v", c.Policy)
+	}
+	return c
+}
+
+// TestKustomizeBuild renders the tree with `kubectl kustomize` (when
+// kubectl is installed), decodes the output strictly and checks what only
+// the build shows: generated objects, the caBundle replacement, image tags.
+func TestKustomizeBuild(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl is not installed: the rendered tree is not checked (the source manifests are)")
+	}
+	dir := t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS(".")); err != nil {
+		t.Fatal(err)
+	}
+	// Stand-ins for the per-cluster files gen-tls.sh and build.sh write.
+	caPEM := "-----BEGIN CERTIFICATE-----\nTUlJQ0FURVNU\n-----END CERTIFICATE-----\n"
+	for path, content := range map[string]string{
+		"tls/tls.crt": "cert", "tls/tls.key": "key", "tls/ca.crt": caPEM,
+		"policy/bundle.tar.gz": "\x1f\x8b\x08\x00binary", "policy/bundle.pem": "pub",
+	} {
+		p := filepath.Join(dir, path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := exec.Command(kubectl, "kustomize", dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v\n%s", err, out)
+	}
+	objs := decodeStrict(t, "kustomize output", out)
+	tr := &tree{objects: objs}
+	vwc := mustFind[*admissionregistrationv1.ValidatingWebhookConfiguration](t, tr, "bulkhead")
+	if got := string(vwc.Webhooks[0].ClientConfig.CABundle); got != caPEM {
+		t.Errorf("caBundle = %q, want the CA from tls/ca.crt", got)
+	}
+	secret := mustFind[*corev1.Secret](t, tr, "bulkhead-webhook-tls")
+	if secret.Type != corev1.SecretTypeTLS || string(secret.Data["tls.crt"]) != "cert" {
+		t.Errorf("TLS secret: type %s, keys %v", secret.Type, keys(secret.Data))
+	}
+	cm := mustFind[*corev1.ConfigMap](t, tr, "bulkhead-policy")
+	if len(cm.BinaryData["bundle.tar.gz"]) == 0 || cm.Data["bundle.pem"] != "pub" {
+		t.Errorf("policy ConfigMap: binaryData %v, data %v", keys(cm.BinaryData), cm.Data)
+	}
+	for _, name := range []string{"bulkhead-node-config", "bulkhead-node-installer"} {
+		mustFind[*corev1.ConfigMap](t, tr, name)
+	}
+	dep := mustFind[*appsv1.Deployment](t, tr, "bulkhead-webhook")
+	ds := mustFind[*appsv1.DaemonSet](t, tr, "bulkhead-node")
+	for _, img := range []string{dep.Spec.Template.Spec.Containers[0].Image, ds.Spec.Template.Spec.Containers[0].Image} {
+		if !strings.Contains(img, ":") {
+			t.Errorf("image %q has no tag after kustomize", img)
+		}
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func hasPort(c corev1.Container, name string) bool {
+	return slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == name })
+}
+
+// mountedFrom returns the Secret or ConfigMap and key that provide path in
+// container c.
+func mountedFrom(t *testing.T, spec corev1.PodSpec, c corev1.Container, path string) (source, key string) {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		rel, ok := strings.CutPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")
+		if !ok {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name != m.Name {
+				continue
+			}
+			switch {
+			case v.Secret != nil:
+				return v.Secret.SecretName, rel
+			case v.ConfigMap != nil:
+				return v.ConfigMap.Name, rel
+			}
+		}
+	}
+	t.Errorf("container %s: %s is on no Secret or ConfigMap volume", c.Name, path)
+	return "", ""
+}
+
+func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
+	return slices.ContainsFunc(rules, func(r rbacv1.PolicyRule) bool {
+		return slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb)
+	})
+}
+
+type policyv1PDB = policyv1.PodDisruptionBudget
+
+func metav1SelectorOf(s *metav1.LabelSelector) (labels.Selector, error) {
+	return metav1.LabelSelectorAsSelector(s)
+}
+
+func metav1LabelSelector(wh admissionregistrationv1.ValidatingWebhook) (labels.Selector, error) {
+	return metav1.LabelSelectorAsSelector(wh.NamespaceSelector)
+}
