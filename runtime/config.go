@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/bulkhead-runtime/bulkhead/netpol"
 )
 
 // DefaultConfigPath is where the shim reads its configuration unless the
@@ -40,6 +43,10 @@ type Config struct {
 	Policy PolicyConfig `toml:"policy"`
 	// Pipeline switches the placement pipeline (policy, quota, MIG, fence).
 	Pipeline PipelineConfig `toml:"pipeline"`
+	// MIG selects the GPU backend.
+	MIG MIGConfig `toml:"mig"`
+	// Netpol configures the eBPF tenant fence.
+	Netpol NetpolConfig `toml:"netpol"`
 	// Debug turns on debug logging in the shim and runsc.
 	Debug bool `toml:"debug"`
 	// LogDir, when set, receives runsc's debug logs (one directory per sandbox).
@@ -83,6 +90,55 @@ type PipelineConfig struct {
 	Enabled bool `toml:"enabled"`
 }
 
+// MIGConfig selects the GPU backend.
+type MIGConfig struct {
+	// Backend is "none" (no GPUs), "mock" (go-nvml's mock servers wrapped to
+	// behave like hardware, for nodes without GPUs) or "nvml".
+	Backend string `toml:"backend"`
+	// MockModel is the mock GPU model: h200, h100, a100-40gb, a100-80gb, b200.
+	MockModel string `toml:"mock_model"`
+	// MockGPUs is the number of mock GPUs.
+	MockGPUs int `toml:"mock_gpus"`
+	// MockState is the file the mock node keeps its instances in, shared by
+	// every shim on the node.
+	MockState string `toml:"mock_state"`
+}
+
+// NetpolConfig configures the eBPF tenant fence.
+type NetpolConfig struct {
+	// Enabled registers every sandbox in the fence.
+	Enabled bool `toml:"enabled"`
+	// PinDir is where maps and links are pinned (on bpffs).
+	PinDir string `toml:"pin_dir"`
+	// LockPath serialises map updates between shims.
+	LockPath string `toml:"lock_path"`
+	// ClusterCIDRs are the cluster's pod and service ranges.
+	ClusterCIDRs []string `toml:"cluster_cidrs"`
+	// SharedServices maps a tier to the CIDRs every pod of it may reach (DNS, API server).
+	SharedServices map[string][]string `toml:"shared_services"`
+}
+
+func (n NetpolConfig) cluster() (*netpol.ClusterConfig, error) {
+	cc := &netpol.ClusterConfig{SharedServices: map[string][]netip.Prefix{}}
+	for i, c := range n.ClusterCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("netpol.cluster_cidrs[%d]: %q is not a CIDR", i, c)
+		}
+		cc.ClusterCIDRs = append(cc.ClusterCIDRs, p)
+	}
+	for tier, cidrs := range n.SharedServices {
+		for i, c := range cidrs {
+			p, err := netip.ParsePrefix(c)
+			if err != nil {
+				return nil, fmt.Errorf("netpol.shared_services.%s[%d]: %q is not a CIDR", tier, i, c)
+			}
+			cc.SharedServices[tier] = append(cc.SharedServices[tier], p)
+		}
+	}
+	return cc, nil
+}
+
 // DefaultConfig is the configuration used for keys the file leaves out.
 func DefaultConfig() Config {
 	return Config{
@@ -92,6 +148,8 @@ func DefaultConfig() Config {
 		LedgerPath: "/var/lib/bulkhead/ledger.db",
 		Runsc:      RunscConfig{Platform: "systrap", Network: "sandbox"},
 		Pipeline:   PipelineConfig{Enabled: true},
+		MIG:        MIGConfig{Backend: "none", MockModel: "h200", MockGPUs: 1, MockState: "/var/lib/bulkhead/mock-gpus.json"},
+		Netpol:     NetpolConfig{PinDir: "/sys/fs/bpf/bulkhead", LockPath: "/run/bulkhead/netpol.lock"},
 	}
 }
 
@@ -172,6 +230,21 @@ func (c Config) Validate() error {
 		return fmt.Errorf("runsc.network: %q is not one of %s", c.Runsc.Network, strings.Join(validNetworks, ", "))
 	}
 	if _, err := c.Runsc.flagMap(); err != nil {
+		return err
+	}
+	switch c.MIG.Backend {
+	case "none", "nvml":
+	case "mock":
+		if c.MIG.MockGPUs < 1 || c.MIG.MockGPUs > 8 {
+			return fmt.Errorf("mig.mock_gpus: %d must be 1 to 8", c.MIG.MockGPUs)
+		}
+		if !filepath.IsAbs(c.MIG.MockState) {
+			return fmt.Errorf("mig.mock_state: %q must be an absolute path", c.MIG.MockState)
+		}
+	default:
+		return fmt.Errorf("mig.backend: %q is not one of none, mock, nvml", c.MIG.Backend)
+	}
+	if _, err := c.Netpol.cluster(); err != nil {
 		return err
 	}
 	if c.Pipeline.Enabled && c.Policy.Bundle == "" {

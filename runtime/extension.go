@@ -58,6 +58,10 @@ type PodExtension struct {
 	sandbox *Sandbox
 	// options points gVisor at the pod's runsc options file.
 	options *specOptions
+	// pipeline places the pod; nil while the pipeline is disabled.
+	pipeline *Pipeline
+	// reservation is what the pipeline holds for the pod.
+	reservation *Reservation
 }
 
 type specOptions struct{ path string }
@@ -87,52 +91,125 @@ func (p *PodExtension) create(ctx context.Context, r *task.CreateTaskRequest, ne
 	p.mu.Lock()
 	defer p.mu.Unlock()
 
-	isSandbox := spec.Annotations[AnnotationContainerType] == containerTypeSandbox
-	if isSandbox || p.sandbox == nil {
-		if p.sandbox != nil {
-			return nil, fmt.Errorf("container %s: pod already has sandbox %s", r.ID, p.sandbox.ID)
-		}
-		sb := SandboxFromSpec(r.ID, r.Bundle, spec, p.cfg)
-		sb.ShimPID = os.Getpid()
-		if err := p.state.Save(sb); err != nil {
-			return nil, err
-		}
-		data, err := encodeGVisorOptions(p.cfg)
-		if err != nil {
-			return nil, err
-		}
-		path, err := p.state.WriteFile(sb.ID, runscOptionsFile, data)
-		if err != nil {
-			return nil, err
-		}
-		p.sandbox, p.options = sb, &specOptions{path: path}
-		log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s", sb.ID, sb.Namespace, sb.Name, sb.Handler)
+	// Outside the CRI (no container-type annotation) the first container
+	// of the shim is its sandbox.
+	ctype := spec.Annotations[AnnotationContainerType]
+	isSandbox := ctype == containerTypeSandbox || (ctype == "" && p.sandbox == nil)
+	if !isSandbox && p.sandbox == nil {
+		return nil, fmt.Errorf("container %s: no sandbox in this shim yet", r.ID)
 	}
+	if !isSandbox {
+		if err := p.setOptions(r); err != nil {
+			return nil, err
+		}
+		resp, err := next()
+		if err != nil {
+			return nil, err
+		}
+		p.sandbox.Containers = append(p.sandbox.Containers, r.ID)
+		if err := p.state.Save(p.sandbox); err != nil {
+			log.G(ctx).WithError(err).Warnf("sandbox %s: update record", p.sandbox.ID)
+		}
+		return resp, nil
+	}
+	if p.sandbox != nil {
+		return nil, fmt.Errorf("container %s: pod already has sandbox %s", r.ID, p.sandbox.ID)
+	}
+	return p.createSandbox(ctx, r, spec, next)
+}
 
+func (p *PodExtension) setOptions(r *task.CreateTaskRequest) error {
 	opts, err := containerOptions(p.options.path)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.Options = opts
-	resp, err := next()
-	if err != nil {
-		if isSandbox {
-			// Nothing was created: leave nothing behind.
-			if rerr := p.state.Remove(p.sandbox.ID); rerr != nil {
-				log.G(ctx).WithError(rerr).Warnf("sandbox %s: remove record after failed create", p.sandbox.ID)
-			}
-			p.sandbox, p.options = nil, nil
-		}
+	return nil
+}
+
+// createSandbox runs the placement pipeline around the sandbox's creation.
+// Any failure unwinds every step already taken, in reverse.
+func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequest, spec *specs.Spec, next func() (*task.CreateTaskResponse, error)) (_ *task.CreateTaskResponse, retErr error) {
+	sb := SandboxFromSpec(r.ID, r.Bundle, spec, p.cfg)
+	sb.ShimPID = os.Getpid()
+	// The record exists before anything else does, so GC can find a crash.
+	if err := p.state.Save(sb); err != nil {
 		return nil, err
 	}
-	if isSandbox {
-		p.sandbox.Phase = PhaseCreated
-	} else {
-		p.sandbox.Containers = append(p.sandbox.Containers, r.ID)
+	var created bool
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		uctx := context.WithoutCancel(ctx)
+		if created {
+			if _, err := p.TaskServiceExt.Delete(uctx, &task.DeleteRequest{ID: r.ID}); err != nil {
+				log.G(ctx).WithError(err).Warnf("sandbox %s: delete after failed create", sb.ID)
+			}
+		}
+		if p.pipeline != nil {
+			if err := p.pipeline.Release(uctx, sb.ID); err != nil {
+				log.G(ctx).WithError(err).Warnf("sandbox %s: release after failed create", sb.ID)
+			}
+		}
+		if err := p.state.Remove(sb.ID); err != nil {
+			log.G(ctx).WithError(err).Warnf("sandbox %s: remove record after failed create", sb.ID)
+		}
+		p.sandbox, p.options, p.reservation = nil, nil, nil
+		log.G(ctx).WithError(retErr).Warnf("sandbox %s: refused", sb.ID)
+	}()
+
+	data, err := encodeGVisorOptions(p.cfg)
+	if err != nil {
+		return nil, err
 	}
-	if err := p.state.Save(p.sandbox); err != nil {
-		log.G(ctx).WithError(err).Warnf("sandbox %s: update record", p.sandbox.ID)
+	path, err := p.state.WriteFile(sb.ID, runscOptionsFile, data)
+	if err != nil {
+		return nil, err
 	}
+	p.sandbox, p.options = sb, &specOptions{path: path}
+
+	if p.cfg.Pipeline.Enabled {
+		if p.pipeline == nil {
+			if p.pipeline, err = OpenPipeline(ctx, p.cfg); err != nil {
+				return nil, fmt.Errorf("sandbox %s: %w", sb.ID, err)
+			}
+			// Repair whatever crashed shims left before placing this pod.
+			if _, err := p.pipeline.GC(ctx, p.state); err != nil {
+				log.G(ctx).WithError(err).Warn("gc at shim start")
+			}
+		}
+		res, err := p.pipeline.Admit(ctx, sb, spec)
+		if err != nil {
+			return nil, err
+		}
+		p.reservation = res
+		sb.Tenant = res.Tenant
+		if err := writeSpec(r.Bundle, spec); err != nil {
+			return nil, err
+		}
+		if err := p.pipeline.fail(StepSandbox); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.setOptions(r); err != nil {
+		return nil, err
+	}
+	resp, err := next()
+	if err != nil {
+		return nil, err
+	}
+	created = true
+	if p.pipeline != nil {
+		if err := p.pipeline.Activate(ctx, sb, p.reservation); err != nil {
+			return nil, err
+		}
+	}
+	sb.Phase = PhaseCreated
+	if err := p.state.Save(sb); err != nil {
+		log.G(ctx).WithError(err).Warnf("sandbox %s: update record", sb.ID)
+	}
+	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s tenant %q", sb.ID, sb.Namespace, sb.Name, sb.Handler, sb.Tenant)
 	return resp, nil
 }
 
@@ -149,6 +226,13 @@ func (p *PodExtension) Delete(ctx context.Context, r *task.DeleteRequest) (*task
 		return resp, nil
 	}
 	if r.ID == p.sandbox.ID {
+		if p.pipeline != nil {
+			if rerr := p.pipeline.Release(ctx, p.sandbox.ID); rerr != nil {
+				// The record stays for GC to retry.
+				log.G(ctx).WithError(rerr).Warnf("sandbox %s: release", p.sandbox.ID)
+				return resp, nil
+			}
+		}
 		if rerr := p.state.Remove(p.sandbox.ID); rerr != nil {
 			log.G(ctx).WithError(rerr).Warnf("sandbox %s: remove record", p.sandbox.ID)
 		}
@@ -209,6 +293,14 @@ func SandboxFromSpec(id, bundle string, spec *specs.Spec, cfg Config) *Sandbox {
 		}
 	}
 	return sb
+}
+
+func writeSpec(bundle string, spec *specs.Spec) error {
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(bundle, "config.json"), data, 0o644)
 }
 
 func readSpec(bundle string) (*specs.Spec, error) {

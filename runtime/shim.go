@@ -209,6 +209,14 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	}
 	if annotations, err := readBundleAnnotations(bundle); err == nil && annotations[AnnotationContainerType] == containerTypeSandbox {
 		if cfg, err := LoadConfig(ConfigPath()); err == nil {
+			// The shim died with the sandbox: release what it held.
+			if cfg.Pipeline.Enabled {
+				if c, err := OpenComponents(ctx, cfg, false); err != nil {
+					log.G(ctx).WithError(err).Warnf("sandbox %s: open pipeline for release", id)
+				} else if err := NewPipeline(cfg, c).Release(ctx, id); err != nil {
+					log.G(ctx).WithError(err).Warnf("sandbox %s: release", id)
+				}
+			}
 			if err := NewStateDir(cfg.StateDir).Remove(id); err != nil {
 				log.G(ctx).WithError(err).Warnf("sandbox %s: remove record", id)
 			}

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"sort"
 	"time"
+
+	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
 // Sandbox is Bulkhead's record of one pod sandbox. It is written to the
@@ -36,6 +38,11 @@ type Sandbox struct {
 	// ShimPID is the pid of the shim process serving the pod.
 	ShimPID   int       `json:"shim_pid"`
 	CreatedAt time.Time `json:"created_at"`
+	// Tenant is the tenant the policy derived from Namespace.
+	Tenant string `json:"tenant,omitempty"`
+
+	// decision is the policy decision of this shim's Admit; not persisted.
+	decision *policy.Decision
 }
 
 // Sandbox phases.

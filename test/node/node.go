@@ -45,6 +45,8 @@ type Options struct {
 	PipelineEnabled bool
 	// Busybox is the busybox-static binary the images are built from.
 	Busybox string
+	// Env is added to containerd's (and so the shims') environment.
+	Env []string
 }
 
 // Node is a running private node.
@@ -239,6 +241,7 @@ enabled = %t
 	n.cmd.Env = append(os.Environ(),
 		"BULKHEAD_CONFIG="+n.ShimConf,
 		"PATH="+strings.Join(append(append([]string{}, opts.BinDir...), os.Getenv("PATH")), ":"))
+	n.cmd.Env = append(n.cmd.Env, opts.Env...)
 	// containerd must outlive a Ctrl-C of the parent long enough to be
 	// stopped in order; give it its own process group.
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -318,6 +321,15 @@ func (n *Node) Log() string {
 	b, _ := os.ReadFile(n.logFile.Name())
 	return string(b)
 }
+
+// Gateway returns the bridge's address in the pod subnet (the first host).
+func (n *Node) Gateway() string {
+	ip, _, _ := strings.Cut(n.opts.Subnet, "/")
+	return strings.TrimSuffix(ip, ".0") + ".1"
+}
+
+// Subnet returns the pod CIDR.
+func (n *Node) Subnet() string { return n.opts.Subnet }
 
 // Dir returns the node's directory.
 func (n *Node) Dir() string { return n.opts.Dir }

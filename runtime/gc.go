@@ -1,0 +1,150 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/log"
+)
+
+// GCReport says what a GC pass released.
+type GCReport struct {
+	// Released are sandboxes whose reservations were released.
+	Released []string `json:"released"`
+	// Records are sandbox records removed from the state directory.
+	Records []string `json:"records"`
+	// Endpoints are fence entries removed.
+	Endpoints []string `json:"endpoints"`
+	// Instances are orphaned MIG instances destroyed ("gpu/gi").
+	Instances []string `json:"instances"`
+}
+
+// Empty reports whether the pass found nothing to repair.
+func (r GCReport) Empty() bool {
+	return len(r.Released)+len(r.Records)+len(r.Endpoints)+len(r.Instances) == 0
+}
+
+// SandboxAlive reports whether sandbox id still exists on the node: its
+// shim process runs, or runsc still has state for it.
+func SandboxAlive(cfg Config, id string, shimPID int) bool {
+	if shimPID > 0 && shimRunning(shimPID) {
+		return true
+	}
+	matches, _ := filepath.Glob(filepath.Join(cfg.RunscRoot, "*", id+"_sandbox:*.state"))
+	if len(matches) > 0 {
+		return true
+	}
+	matches, _ = filepath.Glob(filepath.Join(cfg.RunscRoot, "*", "*_sandbox:"+id+".state"))
+	return len(matches) > 0
+}
+
+func shimRunning(pid int) bool {
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	return strings.Contains(string(cmdline), "containerd-shim-bulkhead")
+}
+
+// GC releases everything held for sandboxes that no longer exist: ledger
+// reservations (with their MIG instances and fence entries), sandbox
+// records, fence entries and MIG instances no reservation owns. It is
+// idempotent, and every shim runs it when it starts.
+func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
+	var rep GCReport
+	var reservations []*Reservation
+	if err := p.ledger.View(func(tx *LedgerTx) error {
+		var err error
+		reservations, err = tx.List()
+		return err
+	}); err != nil {
+		return rep, err
+	}
+	owned := map[string]bool{}
+	pids := map[string]int{}
+	var errs []error
+	for _, r := range reservations {
+		pids[r.SandboxID] = r.ShimPID
+		if SandboxAlive(p.cfg, r.SandboxID, r.ShimPID) {
+			if r.Instance != nil {
+				owned[fmt.Sprintf("%d/%d", r.Instance.GPU, r.Instance.GI)] = true
+			}
+			continue
+		}
+		if err := p.Release(ctx, r.SandboxID); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rep.Released = append(rep.Released, r.SandboxID)
+	}
+	ids, err := state.List()
+	if err != nil {
+		return rep, err
+	}
+	for _, id := range ids {
+		sb, err := state.Load(id)
+		pid := 0
+		if err == nil {
+			pid = sb.ShimPID
+		}
+		if SandboxAlive(p.cfg, id, pid) {
+			continue
+		}
+		if err := state.Remove(id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rep.Records = append(rep.Records, id)
+	}
+	if p.fence != nil {
+		gone, err := p.fence.GC(ctx, func(id string) bool {
+			return SandboxAlive(p.cfg, id, pids[id])
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("fence: %w", err))
+		}
+		for _, e := range gone {
+			rep.Endpoints = append(rep.Endpoints, e.SandboxID)
+		}
+	}
+	if p.backend != nil {
+		insts, err := p.backend.Instances()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("gpu: %w", err))
+		}
+		// Re-read the ledger: a shim may have created an instance meanwhile.
+		_ = p.ledger.View(func(tx *LedgerTx) error {
+			all, err := tx.List()
+			for _, r := range all {
+				if r.Instance != nil {
+					owned[fmt.Sprintf("%d/%d", r.Instance.GPU, r.Instance.GI)] = true
+				}
+				if r.GPU != nil && r.Instance == nil {
+					// Reserved, instance being created: protect its GPU slot.
+					owned[fmt.Sprintf("%d/start%d", r.GPU.GPU, r.GPU.Start)] = true
+				}
+			}
+			return err
+		})
+		for _, in := range insts {
+			key := fmt.Sprintf("%d/%d", in.GPU, in.GI)
+			if owned[key] || owned[fmt.Sprintf("%d/start%d", in.GPU, in.Start)] {
+				continue
+			}
+			if err := p.backend.Destroy(in.GPU, in.GI, in.CI); err != nil {
+				errs = append(errs, fmt.Errorf("gpu %s: %w", key, err))
+				continue
+			}
+			rep.Instances = append(rep.Instances, key)
+		}
+	}
+	if !rep.Empty() {
+		log.G(ctx).Infof("gc: released %v, records %v, endpoints %v, instances %v", rep.Released, rep.Records, rep.Endpoints, rep.Instances)
+	}
+	return rep, errors.Join(errs...)
+}

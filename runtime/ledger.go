@@ -1,0 +1,212 @@
+package runtime
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/policy"
+)
+
+// Reservation states. A reservation is written as StateReserved before
+// anything is created for the sandbox, becomes StateActive once the sandbox
+// runs and its fence is in place, and is deleted when released.
+const (
+	StateReserved = "reserved"
+	StateActive   = "active"
+)
+
+// Reservation is everything the node holds for one sandbox.
+type Reservation struct {
+	SandboxID string `json:"sandbox_id"`
+	State     string `json:"state"`
+	Tenant    string `json:"tenant"`
+	Tier      string `json:"tier"`
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod"`
+	// MemoryBytes is charged against the tenant's memory quota.
+	MemoryBytes int64 `json:"memory_bytes"`
+	// GPU is the MIG slice (or whole GPU) reserved for the sandbox.
+	GPU *mig.Placement `json:"gpu,omitempty"`
+	// Instance is the MIG instance once created on the GPU.
+	Instance *mig.Instance `json:"instance,omitempty"`
+	// Endpoint is the host-side interface registered in the eBPF fence.
+	Endpoint *FenceRecord `json:"endpoint,omitempty"`
+	// ShimPID is the shim that made the reservation.
+	ShimPID   int       `json:"shim_pid"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// FenceRecord is the eBPF fence registration of a sandbox.
+type FenceRecord struct {
+	Ifindex int      `json:"ifindex"`
+	Ifname  string   `json:"ifname"`
+	IPs     []string `json:"ips"`
+}
+
+// GPUSlices is what the reservation charges against the GPU quota: compute
+// slices of a MIG placement, 7 for a whole GPU.
+func (r *Reservation) GPUSlices() int {
+	if r.GPU == nil {
+		return 0
+	}
+	return r.GPU.Compute
+}
+
+var bucketSandboxes = []byte("sandboxes")
+
+// ErrLedgerBusy means another shim held the ledger longer than the timeout.
+var ErrLedgerBusy = errors.New("ledger busy")
+
+// Ledger is the node-wide record of reservations, shared by every shim
+// process on the node. Each transaction opens the database, which takes
+// bbolt's exclusive file lock, so transactions are serialised across
+// processes; a crashed process releases the lock with its file descriptor.
+type Ledger struct {
+	path    string
+	timeout time.Duration
+}
+
+// OpenLedger returns the ledger at path, creating the file and its bucket.
+func OpenLedger(path string) (*Ledger, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("ledger %s: %w", path, err)
+	}
+	l := &Ledger{path: path, timeout: 30 * time.Second}
+	return l, l.Update(func(*LedgerTx) error { return nil })
+}
+
+// Path returns the database file.
+func (l *Ledger) Path() string { return l.path }
+
+// Update runs fn in one read-write transaction, exclusive node-wide.
+func (l *Ledger) Update(fn func(tx *LedgerTx) error) error {
+	db, err := bolt.Open(l.path, 0o600, &bolt.Options{Timeout: l.timeout})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return fmt.Errorf("ledger %s: %w after %v", l.path, ErrLedgerBusy, l.timeout)
+		}
+		return fmt.Errorf("ledger %s: %w", l.path, err)
+	}
+	defer db.Close()
+	return db.Update(func(btx *bolt.Tx) error {
+		b, err := btx.CreateBucketIfNotExists(bucketSandboxes)
+		if err != nil {
+			return err
+		}
+		return fn(&LedgerTx{b: b, writable: true})
+	})
+}
+
+// View runs fn in a read-only transaction.
+func (l *Ledger) View(fn func(tx *LedgerTx) error) error {
+	db, err := bolt.Open(l.path, 0o600, &bolt.Options{Timeout: l.timeout, ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("ledger %s: %w", l.path, err)
+	}
+	defer db.Close()
+	return db.View(func(btx *bolt.Tx) error {
+		b := btx.Bucket(bucketSandboxes)
+		return fn(&LedgerTx{b: b})
+	})
+}
+
+// LedgerTx is one ledger transaction.
+type LedgerTx struct {
+	b        *bolt.Bucket
+	writable bool
+}
+
+// Get returns the reservation of sandbox id, or nil.
+func (tx *LedgerTx) Get(id string) (*Reservation, error) {
+	if tx.b == nil {
+		return nil, nil
+	}
+	data := tx.b.Get([]byte(id))
+	if data == nil {
+		return nil, nil
+	}
+	var r Reservation
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("ledger: sandbox %s: %w", id, err)
+	}
+	return &r, nil
+}
+
+// Put writes a reservation.
+func (tx *LedgerTx) Put(r *Reservation) error {
+	if r.SandboxID == "" {
+		return errors.New("ledger: reservation without sandbox id")
+	}
+	r.UpdatedAt = time.Now().UTC()
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return tx.b.Put([]byte(r.SandboxID), data)
+}
+
+// Delete drops the reservation of sandbox id; a missing one is not an error.
+func (tx *LedgerTx) Delete(id string) error {
+	return tx.b.Delete([]byte(id))
+}
+
+// List returns every reservation ordered by sandbox id.
+func (tx *LedgerTx) List() ([]*Reservation, error) {
+	var out []*Reservation
+	if tx.b == nil {
+		return nil, nil
+	}
+	err := tx.b.ForEach(func(k, v []byte) error {
+		var r Reservation
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("ledger: sandbox %s: %w", k, err)
+		}
+		out = append(out, &r)
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].SandboxID < out[j].SandboxID })
+	return out, err
+}
+
+// Usage sums a tenant's reservations (every state counts: a reserved
+// sandbox is about to exist).
+func (tx *LedgerTx) Usage(tenant string) (policy.Usage, error) {
+	all, err := tx.List()
+	if err != nil {
+		return policy.Usage{}, err
+	}
+	var u policy.Usage
+	for _, r := range all {
+		if r.Tenant != tenant {
+			continue
+		}
+		u.Sandboxes++
+		u.GPUSlices += r.GPUSlices()
+		u.MemoryBytes += r.MemoryBytes
+	}
+	return u, nil
+}
+
+// Placements returns every GPU placement held on the node.
+func (tx *LedgerTx) Placements() ([]mig.Placement, error) {
+	all, err := tx.List()
+	if err != nil {
+		return nil, err
+	}
+	var out []mig.Placement
+	for _, r := range all {
+		if r.GPU != nil {
+			out = append(out, *r.GPU)
+		}
+	}
+	return out, nil
+}

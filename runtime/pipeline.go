@@ -1,0 +1,558 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/netpol"
+	"github.com/bulkhead-runtime/bulkhead/policy"
+)
+
+// Pod annotations a pod author may set to ask for resources. They are
+// requests, never identity.
+const (
+	AnnotationGPUProfile = "bulkhead.dev/gpu-profile"
+	AnnotationGPUCount   = "bulkhead.dev/gpu-count"
+	AnnotationRDMA       = "bulkhead.dev/rdma"
+	// AnnotationSandboxMemory is containerd's total memory limit of the pod.
+	AnnotationSandboxMemory = "io.kubernetes.cri.sandbox-memory"
+)
+
+// FailAtEnv names the pipeline step that fails on purpose, or "@path" of a
+// file that names it. Test-only: it proves that a failure at every step
+// unwinds completely.
+const FailAtEnv = "BULKHEAD_TEST_FAIL_AT"
+
+// Pipeline steps, in order (FailAtEnv takes one of these).
+const (
+	StepDecide  = "decide"
+	StepReserve = "reserve"
+	StepGPU     = "gpu"
+	StepSandbox = "sandbox"
+	StepFence   = "fence"
+	StepActive  = "activate"
+)
+
+// Steps lists the pipeline's steps in order.
+var Steps = []string{StepDecide, StepReserve, StepGPU, StepSandbox, StepFence, StepActive}
+
+// RefusedError is a policy refusal. Its message reaches the kubelet (and
+// crictl) through containerd, so it names the tenant, each rule and why.
+type RefusedError struct {
+	Namespace, Pod, Tenant string
+	Reasons                []policy.Reason
+}
+
+func (e *RefusedError) Error() string {
+	tenant := e.Tenant
+	if tenant == "" {
+		tenant = "(none)"
+	}
+	var parts []string
+	for _, r := range e.Reasons {
+		if r.Enforcement == "" || r.Enforcement == policy.EnforceDeny {
+			parts = append(parts, r.Rule+": "+r.Message)
+		}
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "policy denied without a reason")
+	}
+	return fmt.Sprintf("bulkhead refused pod %s/%s (tenant %s): %s", e.Namespace, e.Pod, tenant, strings.Join(parts, "; "))
+}
+
+// Pipeline places one pod: policy → quota → GPU → sandbox → fence. Each
+// shim process builds its own; the node-wide state is the ledger, the MIG
+// backend's devices and the pinned eBPF maps.
+type Pipeline struct {
+	cfg     Config
+	decider policy.Decider
+	ledger  *Ledger
+	gpus    []mig.GPU
+	backend mig.Backend
+	fence   *netpol.Manager
+	failAt  string
+}
+
+// Components are the pipeline's collaborators; tests may pass their own.
+type Components struct {
+	Decider policy.Decider
+	Ledger  *Ledger
+	GPUs    []mig.GPU
+	Backend mig.Backend
+	Fence   *netpol.Manager
+}
+
+// NewPipeline assembles a pipeline from its components.
+func NewPipeline(cfg Config, c Components) *Pipeline {
+	return &Pipeline{cfg: cfg, decider: c.Decider, ledger: c.Ledger, gpus: c.GPUs, backend: c.Backend, fence: c.Fence, failAt: os.Getenv(FailAtEnv)}
+}
+
+// OpenPipeline opens every component named by the configuration.
+func OpenPipeline(ctx context.Context, cfg Config) (*Pipeline, error) {
+	c, err := OpenComponents(ctx, cfg, true)
+	if err != nil {
+		return nil, err
+	}
+	return NewPipeline(cfg, c), nil
+}
+
+// OpenComponents opens the ledger, the MIG backend, the fence and (when
+// withPolicy) the policy engine named by cfg.
+func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Components, error) {
+	var c Components
+	var err error
+	if c.Ledger, err = OpenLedger(cfg.LedgerPath); err != nil {
+		return c, err
+	}
+	if withPolicy {
+		opts := policy.Options{
+			BundlePath:               cfg.Policy.Bundle,
+			KeyID:                    cfg.Policy.KeyID,
+			Scope:                    cfg.Policy.Scope,
+			InsecureSkipVerification: cfg.Policy.InsecureSkipVerification,
+			DataPath:                 cfg.Policy.Data,
+			DecisionLogFile:          cfg.Policy.DecisionLog,
+		}
+		if cfg.Policy.KeyFile != "" {
+			opts.Keys = map[string]string{cfg.Policy.KeyID: cfg.Policy.KeyFile}
+		}
+		eng, err := policy.Open(ctx, opts)
+		if err != nil {
+			return c, fmt.Errorf("policy: %w", err)
+		}
+		c.Decider = eng
+	}
+	switch cfg.MIG.Backend {
+	case "", "none":
+	case "mock":
+		node, err := mig.OpenMockNode(cfg.MIG.MockState, cfg.MIG.MockModel, cfg.MIG.MockGPUs, mig.MockOptions{})
+		if err != nil {
+			return c, fmt.Errorf("mig: %w", err)
+		}
+		if c.Backend, err = mig.NewNVMLBackend(node.Interface(), mig.NVMLOptions{}); err != nil {
+			return c, fmt.Errorf("mig: %w", err)
+		}
+	default:
+		return c, fmt.Errorf("mig.backend %q: not available in this build", cfg.MIG.Backend)
+	}
+	if c.Backend != nil {
+		infos, err := c.Backend.GPUs()
+		if err != nil {
+			return c, fmt.Errorf("mig: %w", err)
+		}
+		for _, g := range infos {
+			c.GPUs = append(c.GPUs, mig.GPU{Index: g.Index, Model: g.Model})
+		}
+	}
+	if cfg.Netpol.Enabled {
+		if err := netpol.MountBPFFS(filepath.Dir(cfg.Netpol.PinDir)); err != nil {
+			return c, fmt.Errorf("netpol: %w", err)
+		}
+		nopts := netpol.Options{PinDir: cfg.Netpol.PinDir, LockPath: cfg.Netpol.LockPath}
+		if len(cfg.Netpol.ClusterCIDRs) > 0 || len(cfg.Netpol.SharedServices) > 0 {
+			cc, err := cfg.Netpol.cluster()
+			if err != nil {
+				return c, err
+			}
+			nopts.Cluster = cc
+		}
+		if c.Fence, err = netpol.Open(ctx, nopts); err != nil {
+			return c, fmt.Errorf("netpol: %w", err)
+		}
+	}
+	return c, nil
+}
+
+func (p *Pipeline) fail(step string) error {
+	at := p.failAt
+	if strings.HasPrefix(at, "@") {
+		// "@path": the step is read from a file, so a test can change it
+		// without restarting containerd.
+		b, _ := os.ReadFile(at[1:])
+		at = strings.TrimSpace(string(b))
+	}
+	if at != "" && at == step {
+		return fmt.Errorf("injected failure at pipeline step %q (%s)", step, FailAtEnv)
+	}
+	return nil
+}
+
+// Input builds the policy input for a sandbox.
+func (p *Pipeline) Input(sb *Sandbox, spec *specs.Spec) (policy.Input, error) {
+	in := policy.Input{
+		Version:   policy.ContractVersion,
+		Kind:      policy.KindSandbox,
+		Namespace: sb.Namespace,
+		Pod: policy.Pod{
+			Name: sb.Name, UID: sb.UID, Annotations: sb.Annotations, RuntimeHandler: sb.Handler,
+		},
+	}
+	if v := spec.Annotations[AnnotationSandboxMemory]; v != "" {
+		mem, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || mem < 0 {
+			return in, fmt.Errorf("annotation %s: %q is not a byte count", AnnotationSandboxMemory, v)
+		}
+		in.Request.MemoryBytes = mem
+	}
+	if prof := sb.Annotations[AnnotationGPUProfile]; prof != "" {
+		count := 1
+		if v := sb.Annotations[AnnotationGPUCount]; v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return in, fmt.Errorf("annotation %s: %q must be a positive integer", AnnotationGPUCount, v)
+			}
+			count = n
+		}
+		in.Request.GPU = &policy.GPURequest{Profile: prof, Count: count}
+	}
+	if v := sb.Annotations[AnnotationRDMA]; v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return in, fmt.Errorf("annotation %s: %q must be true or false", AnnotationRDMA, v)
+		}
+		in.Request.RDMA = b
+	}
+	return in, nil
+}
+
+// nodeInput describes the node's GPUs for the policy.
+func nodeInput(alloc *mig.Allocator) *policy.Node {
+	n := &policy.Node{}
+	if alloc == nil {
+		return n
+	}
+	tenants := map[int][]string{}
+	for _, pl := range alloc.Placements() {
+		tenants[pl.GPU] = appendUnique(tenants[pl.GPU], pl.Tenant)
+	}
+	for _, u := range alloc.Usage() {
+		n.GPUs = append(n.GPUs, policy.NodeGPU{Index: u.Index, Model: u.Model, MIGEnabled: true, FreeSlices: 7 - u.Compute, Tenants: tenants[u.Index]})
+	}
+	return n
+}
+
+func appendUnique(list []string, s string) []string {
+	for _, x := range list {
+		if x == s {
+			return list
+		}
+	}
+	return append(list, s)
+}
+
+// Admit decides and reserves: policy, quota and GPU placement happen in one
+// ledger transaction, so concurrent pods of a tenant cannot overrun its
+// quota or double-book a slice. The GPU is then set up and injected into
+// spec. On error nothing is left reserved.
+func (p *Pipeline) Admit(ctx context.Context, sb *Sandbox, spec *specs.Spec) (_ *Reservation, retErr error) {
+	in, err := p.Input(sb, spec)
+	if err != nil {
+		return nil, &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Reasons: []policy.Reason{{Rule: "input.annotations", Message: err.Error()}}}
+	}
+	if err := p.fail(StepDecide); err != nil {
+		return nil, err
+	}
+	// Identity first: the tenant comes from the namespace, whatever the usage.
+	if err := p.ledger.View(func(tx *LedgerTx) error {
+		alloc, err := p.allocator(tx)
+		in.Node = nodeInput(alloc)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	first, err := p.decider.Decide(ctx, in)
+	if err != nil || !first.Allow {
+		return nil, refusal(sb, first, err)
+	}
+
+	var res *Reservation
+	err = p.ledger.Update(func(tx *LedgerTx) error {
+		if old, err := tx.Get(sb.ID); err != nil {
+			return err
+		} else if old != nil {
+			return fmt.Errorf("sandbox %s: already reserved (%s)", sb.ID, old.State)
+		}
+		usage, err := tx.Usage(first.Tenant)
+		if err != nil {
+			return err
+		}
+		in.Usage = usage
+		alloc, err := p.allocator(tx)
+		if err != nil {
+			return err
+		}
+		in.Node = nodeInput(alloc)
+		d, err := p.decider.Decide(ctx, in)
+		if err != nil || !d.Allow {
+			return refusal(sb, d, err)
+		}
+		res = &Reservation{
+			SandboxID: sb.ID, State: StateReserved, Tenant: d.Tenant, Tier: d.Tier,
+			Namespace: sb.Namespace, Pod: sb.Name, MemoryBytes: in.Request.MemoryBytes,
+			ShimPID: os.Getpid(), CreatedAt: sb.CreatedAt,
+		}
+		if in.Request.GPU != nil {
+			pl, err := p.placeGPU(sb, d, in.Request.GPU, alloc)
+			if err != nil {
+				return err
+			}
+			res.GPU = &pl
+		}
+		if err := p.fail(StepReserve); err != nil {
+			return err
+		}
+		sb.decision = &d
+		return tx.Put(res)
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			if err := p.Release(context.WithoutCancel(ctx), sb.ID); err != nil {
+				log.G(ctx).WithError(err).Warnf("sandbox %s: release after failed admit", sb.ID)
+			}
+		}
+	}()
+	if err := p.setupGPU(ctx, res, spec); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// allocator rebuilds the node's GPU allocator from the ledger; nil without GPUs.
+func (p *Pipeline) allocator(tx *LedgerTx) (*mig.Allocator, error) {
+	if len(p.gpus) == 0 {
+		return nil, nil
+	}
+	placements, err := tx.Placements()
+	if err != nil {
+		return nil, err
+	}
+	alloc, err := mig.NewAllocator(p.gpus, placements)
+	if err != nil {
+		return nil, fmt.Errorf("ledger and GPU geometry disagree: %w", err)
+	}
+	return alloc, nil
+}
+
+func refusal(sb *Sandbox, d policy.Decision, err error) error {
+	reasons := d.Reasons
+	if err != nil && len(reasons) == 0 {
+		reasons = []policy.Reason{{Rule: "engine.error", Message: err.Error()}}
+	}
+	return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Tenant: d.Tenant, Reasons: reasons}
+}
+
+// placeGPU picks a slice (or a whole GPU) as the decision allows.
+func (p *Pipeline) placeGPU(sb *Sandbox, d policy.Decision, req *policy.GPURequest, alloc *mig.Allocator) (mig.Placement, error) {
+	refuse := func(rule, msg string) error {
+		return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Tenant: d.Tenant, Reasons: []policy.Reason{{Rule: rule, Message: msg}}}
+	}
+	if alloc == nil {
+		return mig.Placement{}, refuse("gpu.none_on_node", "the pod asks for a GPU and this node has none")
+	}
+	if req.Count != 1 {
+		return mig.Placement{}, refuse("gpu.count", fmt.Sprintf("%s %d: one GPU or slice per pod is supported", AnnotationGPUCount, req.Count))
+	}
+	isolation := mig.IsolationShared
+	if d.GPU.ExclusivePhysicalGPU {
+		isolation = mig.IsolationTenant
+	}
+	mreq := mig.Request{Owner: sb.ID, Tenant: d.Tenant, Isolation: isolation}
+	if req.Profile == mig.WholeGPUProfile {
+		if !d.GPU.WholeGPU {
+			return mig.Placement{}, refuse("gpu.whole_gpu_denied", fmt.Sprintf("tier %s may not have a whole GPU", d.Tier))
+		}
+		mreq.WholeGPU = true
+	} else {
+		// gVisor's nvproxy cannot expose MIG capability devices: apply the
+		// policy's answer instead of starting a sandbox that cannot use its GPU.
+		mode, err := mig.SandboxGPUMode(policy.RuntimeGVisor, d.GPU.MIGInSandbox)
+		if err != nil {
+			return mig.Placement{}, refuse("gpu.mig_in_gvisor", err.Error())
+		}
+		if mode == mig.GPUModeWhole {
+			mreq.WholeGPU = true
+		} else {
+			mreq.Profile = req.Profile
+		}
+	}
+	pl, err := alloc.Allocate(mreq)
+	if err != nil {
+		if errors.Is(err, mig.ErrInsufficientResources) {
+			return mig.Placement{}, refuse("gpu.insufficient_resources", err.Error())
+		}
+		return mig.Placement{}, err
+	}
+	return pl, nil
+}
+
+// setupGPU creates the MIG instance of a slice and injects the devices.
+func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.Spec) error {
+	if res.GPU == nil {
+		return nil
+	}
+	if err := p.fail(StepGPU); err != nil {
+		return err
+	}
+	var visible string
+	if res.GPU.Profile != mig.WholeGPUProfile {
+		inst, err := p.backend.Create(res.GPU.GPU, res.GPU.Profile, res.GPU.Start)
+		if err != nil {
+			return fmt.Errorf("gpu %d: create %s at %d: %w", res.GPU.GPU, res.GPU.Profile, res.GPU.Start, err)
+		}
+		res.Instance = &inst
+		if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
+			return err
+		}
+		visible = inst.UUID
+	} else {
+		infos, err := p.backend.GPUs()
+		if err != nil {
+			return err
+		}
+		for _, g := range infos {
+			if g.Index == res.GPU.GPU {
+				visible = g.UUID
+			}
+		}
+	}
+	if spec.Annotations == nil {
+		spec.Annotations = map[string]string{}
+	}
+	spec.Annotations["bulkhead.dev/gpu-placement"] = res.GPU.String()
+	return mig.ApplySpecOpts(spec, mig.WithVisibleDevices(visible))
+}
+
+// Activate fences the running sandbox's network and marks the reservation
+// active.
+func (p *Pipeline) Activate(ctx context.Context, sb *Sandbox, res *Reservation) error {
+	if err := p.fail(StepFence); err != nil {
+		return err
+	}
+	if p.fence != nil && sb.NetNS != "" {
+		d := sb.decision
+		ifindex, ifname, err := netpol.HostVeth(sb.NetNS, "")
+		if err != nil {
+			return fmt.Errorf("sandbox %s: find host veth: %w", sb.ID, err)
+		}
+		ep := netpol.Endpoint{SandboxID: sb.ID, Ifindex: ifindex, Tenant: res.Tenant, Tier: res.Tier}
+		v4, v6, err := podAddrs(sb.NetNS)
+		if err != nil {
+			return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+		}
+		ep.IPv4, ep.IPv6 = v4, v6
+		if d != nil {
+			ep.AllowRDMA = d.RDMA == policy.RDMAOwnVF
+			ep.DenyMetadata = d.Network.DenyMetadata
+			if d.Network.EgressCIDRs != nil {
+				ep.EgressCIDRs = []netip.Prefix{}
+				for _, c := range d.Network.EgressCIDRs {
+					pfx, err := netip.ParsePrefix(c)
+					if err != nil {
+						return fmt.Errorf("decision.network.egress_cidrs: %q: %w", c, err)
+					}
+					ep.EgressCIDRs = append(ep.EgressCIDRs, pfx)
+				}
+			}
+		}
+		if d == nil || d.Network.Isolation != "none" {
+			if err := p.fence.Register(ctx, ep); err != nil {
+				return fmt.Errorf("sandbox %s: fence: %w", sb.ID, err)
+			}
+			res.Endpoint = &FenceRecord{Ifindex: ifindex, Ifname: ifname}
+			for _, a := range []netip.Addr{v4, v6} {
+				if a.IsValid() {
+					res.Endpoint.IPs = append(res.Endpoint.IPs, a.String())
+				}
+			}
+		}
+	}
+	if err := p.fail(StepActive); err != nil {
+		return err
+	}
+	res.State = StateActive
+	return p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) })
+}
+
+// Release undoes everything the ledger says sandbox id holds, in reverse:
+// fence entry, MIG instance, reservation. Releasing twice is harmless.
+func (p *Pipeline) Release(ctx context.Context, id string) error {
+	var res *Reservation
+	if err := p.ledger.View(func(tx *LedgerTx) error {
+		var err error
+		res, err = tx.Get(id)
+		return err
+	}); err != nil {
+		return err
+	}
+	var errs []error
+	if p.fence != nil {
+		if err := p.fence.Unregister(ctx, id); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("fence: %w", err))
+		}
+	}
+	if res != nil && res.Instance != nil && p.backend != nil {
+		if err := p.backend.Destroy(res.Instance.GPU, res.Instance.GI, res.Instance.CI); err != nil {
+			errs = append(errs, fmt.Errorf("gpu %d gi %d: %w", res.Instance.GPU, res.Instance.GI, err))
+		}
+	}
+	if len(errs) > 0 {
+		// Keep the reservation so a later GC pass retries.
+		return fmt.Errorf("sandbox %s: release: %w", id, errors.Join(errs...))
+	}
+	return p.ledger.Update(func(tx *LedgerTx) error { return tx.Delete(id) })
+}
+
+// podAddrs reads the pod's addresses on its eth0 through a netlink socket
+// opened in its network namespace.
+func podAddrs(netnsPath string) (v4, v6 netip.Addr, err error) {
+	ns, err := netns.GetFromPath(netnsPath)
+	if err != nil {
+		return v4, v6, fmt.Errorf("netns %s: %w", netnsPath, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return v4, v6, fmt.Errorf("netns %s: %w", netnsPath, err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(netpol.DefaultPodInterface)
+	if err != nil {
+		return v4, v6, fmt.Errorf("netns %s: %s: %w", netnsPath, netpol.DefaultPodInterface, err)
+	}
+	addrs, err := h.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return v4, v6, err
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		switch {
+		case ip.Is4() && !v4.IsValid():
+			v4 = ip
+		case ip.Is6() && !ip.IsLinkLocalUnicast() && !v6.IsValid():
+			v6 = ip
+		}
+	}
+	if !v4.IsValid() && !v6.IsValid() {
+		return v4, v6, fmt.Errorf("netns %s: %s has no address", netnsPath, netpol.DefaultPodInterface)
+	}
+	return v4, v6, nil
+}

@@ -1,0 +1,363 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/netpol"
+	bhruntime "github.com/bulkhead-runtime/bulkhead/runtime"
+	"github.com/bulkhead-runtime/bulkhead/test/node"
+)
+
+// pipelineNode is a node with the full pipeline: the default policy bundle
+// with two tenants, a mock H200 for MIG, and the eBPF fence.
+type pipelineNode struct {
+	*node.Node
+	pinDir   string
+	failFile string
+	mockPath string
+}
+
+const e2eTenants = `{"bulkhead": {"tenants": {
+  "agents":   {"tier": "untrusted", "namespaces": ["agents"],   "egress_cidrs": ["10.96.0.0/12"], "quota": {"sandboxes": 5, "gpu_slices": 6, "memory": "64Gi"}},
+  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 50, "gpu_slices": 28, "memory": "512Gi"}}
+}}}`
+
+func startPipelineNode(t *testing.T) *pipelineNode {
+	t.Helper()
+	if err := node.Requirements(node.BinDirs()); err != nil {
+		t.Skipf("e2e: %v", err)
+	}
+	_, file, _, _ := runtime.Caller(0)
+	bundle, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", "..", "rego"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "bh-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn := &pipelineNode{
+		pinDir:   fmt.Sprintf("/sys/fs/bpf/bh-e2e-%d-%d", os.Getpid(), nodeSeq.Load()+1),
+		failFile: filepath.Join(dir, "fail-at"),
+		mockPath: filepath.Join(dir, "mock-gpus.json"),
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tenants.json"), []byte(e2eTenants), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pn.failFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	seq := nodeSeq.Load() + 1
+	subnet := fmt.Sprintf("10.%d.%d.0/24", 200+int(seq)%50, os.Getpid()%250)
+	gw := strings.TrimSuffix(strings.Split(subnet, "/")[0], ".0") + ".1"
+	extra := fmt.Sprintf(`[policy]
+bundle = %q
+insecure_skip_verification = true
+data = %q
+decision_log = %q
+[mig]
+backend = "mock"
+mock_model = "h200"
+mock_gpus = 1
+mock_state = %q
+[netpol]
+enabled = true
+pin_dir = %q
+lock_path = %q
+cluster_cidrs = [%q]
+[netpol.shared_services]
+untrusted = ["%s/32"]
+standard = ["%s/32"]
+trusted = ["%s/32"]
+`, bundle, filepath.Join(dir, "tenants.json"), filepath.Join(dir, "decisions.log"), pn.mockPath,
+		pn.pinDir, filepath.Join(dir, "netpol.lock"), subnet, gw, gw, gw)
+	pn.Node = startNode(t, node.Options{
+		Dir: dir, Subnet: subnet, PipelineEnabled: true, ShimConfig: extra,
+		Env: []string{bhruntime.FailAtEnv + "=@" + pn.failFile},
+	})
+	t.Cleanup(func() { _ = os.RemoveAll(pn.pinDir) })
+	return pn
+}
+
+func (pn *pipelineNode) ledger(t *testing.T) []*bhruntime.Reservation {
+	t.Helper()
+	l, err := bhruntime.OpenLedger(filepath.Join(pn.Dir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*bhruntime.Reservation
+	if err := l.View(func(tx *bhruntime.LedgerTx) error {
+		var err error
+		out, err = tx.List()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (pn *pipelineNode) fence(t *testing.T) *netpol.Manager {
+	t.Helper()
+	m, err := netpol.Open(context.Background(), netpol.Options{PinDir: pn.pinDir, LockPath: filepath.Join(pn.Dir(), "netpol.lock")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func (pn *pipelineNode) migInstances(t *testing.T) []mig.Instance {
+	t.Helper()
+	mn, err := mig.OpenMockNode(pn.mockPath, "h200", 1, mig.MockOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := mig.NewNVMLBackend(mn.Interface(), mig.NVMLOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	insts, err := b.Instances()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return insts
+}
+
+// assertNodeClean checks that the ledger, the fence and the mock GPUs hold
+// nothing, besides what assertNothingLeft checks.
+func (pn *pipelineNode) assertNodeClean(t *testing.T) {
+	t.Helper()
+	assertNothingLeft(t, pn.Node)
+	if res := pn.ledger(t); len(res) != 0 {
+		t.Errorf("ledger still holds %d reservations: %+v", len(res), res[0])
+	}
+	eps, err := pn.fence(t).Endpoints()
+	if err != nil || len(eps) != 0 {
+		t.Errorf("fence still holds endpoints %+v (%v)", eps, err)
+	}
+	if insts := pn.migInstances(t); len(insts) != 0 {
+		t.Errorf("MIG instances left: %+v", insts)
+	}
+}
+
+func TestPipelineFencesTenantsAndReleasesEverything(t *testing.T) {
+	pn := startPipelineNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	// Refusals reach the CRI caller with the tenant, the rule and why.
+	refusals := []struct {
+		name, ns    string
+		annotations map[string]string
+		want        []string
+	}{
+		{"stranger", "nobody", nil, []string{"refused", "nobody/stranger"}},
+		{"agent-mig", "agents", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}, []string{"refused", "tenant agents", "gpu."}},
+		{"agent-bad", "agents", map[string]string{"bulkhead.dev/rdma": "maybe"}, []string{"refused", "bulkhead.dev/rdma"}},
+	}
+	for _, r := range refusals {
+		_, err := runPod(ctx, pn.Node, podConfig(pn.Node, r.name, r.ns, r.annotations))
+		if err == nil {
+			t.Errorf("pod %s/%s: want a refusal", r.ns, r.name)
+			continue
+		}
+		for _, w := range r.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("pod %s/%s: refusal %q lacks %q", r.ns, r.name, err, w)
+			}
+		}
+		t.Logf("refused as expected: %v", err)
+	}
+
+	type pod struct{ id, ctr, ip, tenant string }
+	run := func(name, ns string, ann map[string]string, script string) pod {
+		cfg := podConfig(pn.Node, name, ns, ann)
+		id, err := runPod(ctx, pn.Node, cfg)
+		if err != nil {
+			t.Fatalf("pod %s/%s: %v", ns, name, err)
+		}
+		c, err := startContainer(ctx, pn.Node, id, cfg, "main", script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ip, err := podIP(ctx, pn.Node, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pod{id, c, ip, ns}
+	}
+	server := "mkdir -p /www && echo pong > /www/index.html && exec httpd -f -p 8080 -h /www"
+	a1 := run("a1", "agents", nil, server)
+	a2 := run("a2", "agents", nil, "exec sleep 3600")
+	r1 := run("r1", "research", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}, server)
+
+	// The research pod asked for a MIG slice; gVisor cannot use one, and its
+	// tier's policy answers with a whole GPU.
+	res := pn.ledger(t)
+	if len(res) != 3 {
+		t.Fatalf("ledger: want 3 reservations, got %d", len(res))
+	}
+	for _, r := range res {
+		if r.State != bhruntime.StateActive || r.Endpoint == nil {
+			t.Errorf("reservation %s: state %s endpoint %v", r.SandboxID[:12], r.State, r.Endpoint)
+		}
+		if r.SandboxID == r1.id && (r.GPU == nil || r.GPU.Profile != mig.WholeGPUProfile) {
+			t.Errorf("research pod: GPU placement %+v, want a whole GPU", r.GPU)
+		}
+	}
+
+	tcp := func(from pod, to pod) bool {
+		// busybox's static wget crashes resolving names under gVisor; nc does not.
+		out, _ := execSync(ctx, pn.Node, from.ctr, "sh", "-c", "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 "+to.ip+" 8080")
+		return strings.Contains(out, "pong")
+	}
+	// udpDrops sends a DNS query (UDP 53) and returns the sender tenant's
+	// tenant-reason drops before and after: busybox has no UDP server.
+	udpDrops := func(from pod, to pod) (before, after uint64) {
+		m := pn.fence(t)
+		st, _ := m.Stats(from.tenant)
+		before = st.Drops[netpol.ReasonTenant]
+		_, _ = execSync(ctx, pn.Node, from.ctr, "nslookup", "-timeout=1", "-retry=1", "example.invalid", to.ip)
+		st, _ = m.Stats(from.tenant)
+		return before, st.Drops[netpol.ReasonTenant]
+	}
+	icmp := func(from pod, to pod) bool {
+		_, err := execSync(ctx, pn.Node, from.ctr, "ping", "-c", "1", "-W", "2", to.ip)
+		return err == nil
+	}
+	if !tcp(a2, a1) {
+		local, lerr := execSync(ctx, pn.Node, a1.ctr, "sh", "-c", "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 127.0.0.1 8080")
+		st, _ := pn.fence(t).Stats("agents")
+		t.Errorf("same tenant TCP a2 -> a1 failed (server answers locally: %q %v; agents drops %v)", local, lerr, st.Drops)
+	}
+	if b, a := udpDrops(a2, a1); a != b {
+		t.Errorf("same tenant UDP a2 -> a1 was dropped (%d -> %d)", b, a)
+	}
+	sameICMP := icmp(a2, a1)
+	if !sameICMP {
+		t.Logf("same tenant ICMP did not pass; gVisor's ping socket may be unavailable: ICMP checks below are informative only")
+	}
+	if tcp(r1, a1) {
+		t.Errorf("cross tenant TCP research -> agents passed")
+	}
+	if tcp(a2, r1) {
+		t.Errorf("cross tenant TCP agents -> research passed")
+	}
+	if b, a := udpDrops(r1, a1); a <= b {
+		t.Errorf("cross tenant UDP research -> agents not dropped (%d -> %d)", b, a)
+	}
+	if sameICMP && icmp(r1, a1) {
+		t.Errorf("cross tenant ICMP passed")
+	}
+	st, err := pn.fence(t).Stats("research")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Drops[netpol.ReasonTenant] == 0 {
+		t.Errorf("research drops by tenant reason: %v", st.Drops)
+	}
+	t.Logf("research drop counters: %v", st.Drops)
+
+	for _, p := range []pod{a1, a2, r1} {
+		if err := removePod(ctx, pn.Node, p.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pn.assertNodeClean(t)
+}
+
+func TestQuotaHoldsUnderConcurrentStarts(t *testing.T) {
+	pn := startPipelineNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	const attempts = 20
+	var mu sync.Mutex
+	var ok []string
+	var refused []error
+	var wg sync.WaitGroup
+	for i := range attempts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, err := runPod(ctx, pn.Node, podConfig(pn.Node, fmt.Sprintf("q%02d", i), "agents", nil))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				refused = append(refused, err)
+				return
+			}
+			ok = append(ok, id)
+		}()
+	}
+	wg.Wait()
+	if len(ok) != 5 {
+		t.Errorf("quota 5: %d pods started, %d refused", len(ok), len(refused))
+	}
+	for _, err := range refused {
+		if !strings.Contains(err.Error(), "quota.sandboxes") {
+			t.Errorf("refusal without the quota reason: %v", err)
+		}
+	}
+	var ledgerIDs []string
+	for _, r := range pn.ledger(t) {
+		ledgerIDs = append(ledgerIDs, r.SandboxID)
+	}
+	sort.Strings(ok)
+	if strings.Join(ledgerIDs, ",") != strings.Join(ok, ",") {
+		t.Errorf("ledger %v does not match running pods %v", ledgerIDs, ok)
+	}
+	for _, id := range ok {
+		if err := removePod(ctx, pn.Node, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pn.assertNodeClean(t)
+}
+
+func TestFailureAtEveryPipelineStepLeavesNothing(t *testing.T) {
+	pn := startPipelineNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for i, step := range bhruntime.Steps {
+		if err := os.WriteFile(pn.failFile, []byte(step), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// The research pod asks for a GPU, so every step has work to undo.
+		cfg := podConfig(pn.Node, fmt.Sprintf("fail-%d", i), "research", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"})
+		_, err := runPod(ctx, pn.Node, cfg)
+		if err == nil || !strings.Contains(err.Error(), "injected failure") {
+			t.Fatalf("step %s: RunPodSandbox = %v, want the injected failure", step, err)
+		}
+		pn.assertNodeClean(t)
+		if t.Failed() {
+			t.Fatalf("step %s left something behind", step)
+		}
+	}
+	if err := os.WriteFile(pn.failFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// And the node still works.
+	cfg := podConfig(pn.Node, "after", "research", nil)
+	id, err := runPod(ctx, pn.Node, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := removePod(ctx, pn.Node, id); err != nil {
+		t.Fatal(err)
+	}
+	pn.assertNodeClean(t)
+}
+
+var _ = errors.Is
