@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
@@ -189,7 +191,7 @@ func printStatus(w io.Writer, st *NodeStatus) {
 			var pls []string
 			for _, p := range st.Placements {
 				if p.GPU == g.Index {
-					pls = append(pls, p.String())
+					pls = append(pls, fmt.Sprintf("%s@%d+%d tenant=%s sandbox=%.12s", p.Profile, p.Start, p.Size, p.Tenant, p.Owner))
 				}
 			}
 			fmt.Fprintf(w, "%d\t%s\t%d/7\t%d/8\t%v\n", g.Index, g.Model, g.Compute, g.Slots, pls)
@@ -198,7 +200,13 @@ func printStatus(w io.Writer, st *NodeStatus) {
 	if len(st.Endpoints) > 0 {
 		fmt.Fprintln(w, "\nFENCED ENDPOINTS")
 		for _, e := range st.Endpoints {
-			fmt.Fprintf(w, "  %s tenant=%s tier=%s ifindex=%d %s %s (%s)\n", e.SandboxID[:min(12, len(e.SandboxID))], e.Tenant, e.Tier, e.Ifindex, e.IPv4, e.IPv6, e.Attach)
+			var ips []string
+			for _, a := range []netip.Addr{e.IPv4, e.IPv6} {
+				if a.IsValid() {
+					ips = append(ips, a.String())
+				}
+			}
+			fmt.Fprintf(w, "  %.12s tenant=%s tier=%s ifindex=%d %s (%s)\n", e.SandboxID, e.Tenant, e.Tier, e.Ifindex, strings.Join(ips, ","), e.Attach)
 		}
 	}
 	if len(st.Drops) > 0 {

@@ -1,12 +1,14 @@
-// Command demo runs a real local node — containerd, Bulkhead's shim, gVisor —
-// starts pods through the CRI as a kubelet would, explains what happened in
-// plain words, and tears everything down on exit or Ctrl-C.
+// Command demo runs a real local node — containerd, Bulkhead's shim, gVisor,
+// the default policy bundle, a mock H200 node and the eBPF fence — with two
+// tenants, starts pods through the CRI as a kubelet would, explains each
+// decision in plain words, and tears everything down on exit or Ctrl-C.
 package main
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -19,6 +21,11 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
+const tenants = `{"bulkhead": {"tenants": {
+  "agents":   {"tier": "untrusted", "namespaces": ["agents"],   "egress_cidrs": ["10.96.0.0/12"], "quota": {"sandboxes": 3, "gpu_slices": 3, "memory": "64Gi"}},
+  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 10, "gpu_slices": 14, "memory": "512Gi"}}
+}}}`
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -28,90 +35,198 @@ func main() {
 	}
 }
 
-func say(format string, args ...any) { fmt.Printf("==> "+format+"\n", args...) }
+func say(format string, args ...any) { fmt.Printf("\n==> "+format+"\n", args...) }
+
+type demo struct {
+	n   *node.Node
+	ctx context.Context
+	dir string
+}
+
+type pod struct {
+	cfg       *cri.PodSandboxConfig
+	id, ctr   string
+	ip, label string
+}
 
 func run(ctx context.Context) error {
 	bins := node.BinDirs()
 	if err := node.Requirements(bins); err != nil {
 		return fmt.Errorf("%v — run `make build tools` and `sudo make demo`", err)
 	}
+	bundle, err := filepath.Abs("rego")
+	if err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "bulkhead-demo-")
 	if err != nil {
 		return err
 	}
-	say("starting a private containerd in %s with Bulkhead as runtime handler %q", dir, node.Handler)
-	n, err := node.Start(ctx, node.Options{Dir: dir, BinDir: bins, Bridge: "bh-demo0", Subnet: "10.77.0.0/24"})
+	pinDir := fmt.Sprintf("/sys/fs/bpf/bulkhead-demo-%d", os.Getpid())
+	subnet := "10.77.0.0/24"
+	shimConf, err := node.Pipeline{Bundle: bundle, TenantsJSON: tenants, MockModel: "h200", MockGPUs: 2, PinDir: pinDir}.ShimConfig(dir, subnet)
+	if err != nil {
+		return err
+	}
+	say("starting a private node in %s: containerd v2.4.2, Bulkhead's shim as handler %q, gVisor,\n    the default policy bundle (rego/), two mock H200 GPUs and the eBPF fence", dir, node.Handler)
+	fmt.Printf("    tenants: agents (tier untrusted, quota 3 sandboxes), research (tier standard)\n")
+	n, err := node.Start(ctx, node.Options{Dir: dir, BinDir: bins, Bridge: "bh-demo0", Subnet: subnet, PipelineEnabled: true, ShimConfig: shimConf})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		say("tearing down: pods, containerd, bridge, %s", dir)
+		say("tearing down: pods, containerd, bridge, eBPF pins, %s", dir)
 		n.Stop(context.Background())
+		_ = os.RemoveAll(pinDir)
 	}()
+	d := &demo{n: n, ctx: ctx, dir: dir}
 
-	pod := &cri.PodSandboxConfig{
-		Metadata:     &cri.PodSandboxMetadata{Name: "coder-agent", Namespace: "agents", Uid: "demo-1"},
-		Hostname:     "coder-agent",
-		LogDirectory: filepath.Join(dir, "pod-logs"),
+	say("policy refusals (the message is what the kubelet and crictl see)")
+	for _, r := range []struct {
+		name, ns, why string
+		ann           map[string]string
+	}{
+		{"stranger", "default", "a namespace that belongs to no tenant", nil},
+		{"agent-gpu", "agents", "an untrusted agent asking for a MIG slice (gVisor cannot expose MIG devices)", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}},
+	} {
+		_, err := d.runPod(r.name, r.ns, r.ann, "")
+		fmt.Printf("    %s/%s — %s:\n      ", r.ns, r.name, r.why)
+		if err == nil {
+			return fmt.Errorf("%s/%s was admitted; the policy should refuse it", r.ns, r.name)
+		}
+		msg := err.Error()
+		if i := strings.Index(msg, "bulkhead refused"); i >= 0 {
+			msg = msg[i:]
+		}
+		fmt.Println(msg)
+	}
+
+	say("admitted pods")
+	server := "mkdir -p /www && echo hello from $(hostname) > /www/index.html && exec httpd -f -p 8080 -h /www"
+	coder1, err := d.runPod("coder-1", "agents", nil, server)
+	if err != nil {
+		return err
+	}
+	coder2, err := d.runPod("coder-2", "agents", nil, "exec sleep 3600")
+	if err != nil {
+		return err
+	}
+	trainer, err := d.runPod("trainer", "research", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"}, server)
+	if err != nil {
+		return err
+	}
+	for _, p := range []*pod{coder1, coder2, trainer} {
+		fmt.Printf("    %-18s sandbox %s  IP %-12s  in gVisor\n", p.label, p.id[:12], p.ip)
+	}
+	fmt.Println("    research/trainer asked for a 3g.71gb MIG slice: gVisor cannot use one, and the standard")
+	fmt.Println("    tier's policy answers mig_in_sandbox = whole-gpu, so it holds a whole GPU instead.")
+	dmesg, _ := d.exec(coder1, "dmesg")
+	fmt.Printf("    inside agents/coder-1: %s\n", firstLine(dmesg))
+
+	say("traffic")
+	d.try(coder2, coder1, "agents → agents (same tenant)")
+	d.try(trainer, coder1, "research → agents (across tenants)")
+	d.try(coder1, trainer, "agents → research (across tenants)")
+
+	say("bulkhead node status: usage against quota, GPU layout, fenced endpoints, drop counters")
+	if err := d.status(); err != nil {
+		return err
+	}
+
+	say("removing the pods")
+	for _, p := range []*pod{coder1, coder2, trainer} {
+		if _, err := n.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.id}); err != nil {
+			return err
+		}
+		if _, err := n.Runtime.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: p.id}); err != nil {
+			return err
+		}
+	}
+	if err := d.status(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	return l
+}
+
+func (d *demo) runPod(name, ns string, ann map[string]string, script string) (*pod, error) {
+	cfg := &cri.PodSandboxConfig{
+		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: ns, Uid: ns + "-" + name},
+		Hostname:     name,
+		LogDirectory: filepath.Join(d.dir, "pod-logs", ns+"_"+name),
+		Annotations:  ann,
 		Linux:        &cri.LinuxPodSandboxConfig{},
 	}
-	if err := os.MkdirAll(pod.LogDirectory, 0o755); err != nil {
-		return err
+	if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
+		return nil, err
 	}
-	start := time.Now()
-	sb, err := n.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: pod, RuntimeHandler: node.Handler})
+	sb, err := d.n.Runtime.RunPodSandbox(d.ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: node.Handler})
 	if err != nil {
-		return fmt.Errorf("RunPodSandbox: %w", err)
+		return nil, err
 	}
-	st, err := n.Runtime.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: sb.PodSandboxId})
-	if err != nil {
-		return err
-	}
-	say("pod agents/coder-agent is running in a gVisor sandbox (%s), CNI IP %s, after %v",
-		sb.PodSandboxId[:12], st.Status.GetNetwork().GetIp(), time.Since(start).Round(time.Millisecond))
-
-	c, err := n.Runtime.CreateContainer(ctx, &cri.CreateContainerRequest{
-		PodSandboxId: sb.PodSandboxId,
+	p := &pod{cfg: cfg, id: sb.PodSandboxId, label: ns + "/" + name}
+	c, err := d.n.Runtime.CreateContainer(d.ctx, &cri.CreateContainerRequest{
+		PodSandboxId: p.id,
 		Config: &cri.ContainerConfig{
-			Metadata: &cri.ContainerMetadata{Name: "agent"},
+			Metadata: &cri.ContainerMetadata{Name: "main"},
 			Image:    &cri.ImageSpec{Image: images.WorkloadImage},
-			Command:  []string{"/bin/sh", "-c", "echo agent says hello; exec sleep 3600"},
-			LogPath:  "agent.log",
+			Command:  []string{"/bin/sh", "-c", script},
+			LogPath:  "main.log",
 			Linux:    &cri.LinuxContainerConfig{},
 		},
-		SandboxConfig: pod,
+		SandboxConfig: cfg,
 	})
 	if err != nil {
-		return fmt.Errorf("CreateContainer: %w", err)
+		return nil, err
 	}
-	if _, err := n.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
-		return fmt.Errorf("StartContainer: %w", err)
+	if _, err := d.n.Runtime.StartContainer(d.ctx, &cri.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
+		return nil, err
 	}
-	out, err := n.Runtime.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: c.ContainerId, Cmd: []string{"dmesg"}, Timeout: 20})
+	p.ctr = c.ContainerId
+	st, err := d.n.Runtime.PodSandboxStatus(d.ctx, &cri.PodSandboxStatusRequest{PodSandboxId: p.id})
 	if err != nil {
-		return fmt.Errorf("ExecSync: %w", err)
+		return nil, err
 	}
-	lines := strings.Split(strings.TrimSpace(string(out.Stdout)), "\n")
-	say("inside the pod the kernel is gVisor's; its boot log begins:")
-	for i, l := range lines {
-		if i == 3 {
+	p.ip = st.Status.GetNetwork().GetIp()
+	return p, nil
+}
+
+func (d *demo) exec(p *pod, cmd ...string) (string, error) {
+	r, err := d.n.Runtime.ExecSync(d.ctx, &cri.ExecSyncRequest{ContainerId: p.ctr, Cmd: cmd, Timeout: 20})
+	if err != nil {
+		return "", err
+	}
+	if r.ExitCode != 0 {
+		return string(r.Stdout), fmt.Errorf("exit %d", r.ExitCode)
+	}
+	return string(r.Stdout), nil
+}
+
+func (d *demo) try(from, to *pod, what string) {
+	time.Sleep(200 * time.Millisecond) // let the server start
+	out, _ := d.exec(from, "sh", "-c", "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 "+to.ip+" 8080")
+	if i := strings.Index(out, "hello from"); i >= 0 {
+		fmt.Printf("    %-40s TCP %s:8080  ALLOWED  (%q)\n", what, to.ip, strings.TrimSpace(out[i:]))
+		return
+	}
+	fmt.Printf("    %-40s TCP %s:8080  BLOCKED by the fence\n", what, to.ip)
+}
+
+func (d *demo) status() error {
+	bin := "bulkhead"
+	for _, dir := range node.BinDirs() {
+		if _, err := os.Stat(filepath.Join(dir, "bulkhead")); err == nil {
+			bin = filepath.Join(dir, "bulkhead")
 			break
 		}
-		fmt.Printf("      %s\n", l)
 	}
-	uname, _ := n.Runtime.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: c.ContainerId, Cmd: []string{"uname", "-r"}, Timeout: 20})
-	host, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	say("uname -r inside: %s; on the host: %s", strings.TrimSpace(string(uname.GetStdout())), strings.TrimSpace(string(host)))
-	say("runsc processes on the host for this node: %d", len(node.ProcessesUnder(n.RunscRoot)))
-
-	say("stopping and removing the pod")
-	if _, err := n.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.PodSandboxId}); err != nil {
-		return err
+	out, err := exec.Command(bin, "node", "status", "--config", d.n.ShimConf).CombinedOutput()
+	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		fmt.Println("    " + l)
 	}
-	if _, err := n.Runtime.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.PodSandboxId}); err != nil {
-		return err
-	}
-	left, _ := os.ReadDir(filepath.Join(n.StateDir, "sandboxes"))
-	say("after removal: %d Bulkhead sandbox records, %d runsc processes", len(left), len(node.ProcessesUnder(n.RunscRoot)))
-	return nil
+	return err
 }

@@ -33,7 +33,9 @@ const e2eTenants = `{"bulkhead": {"tenants": {
   "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 50, "gpu_slices": 28, "memory": "512Gi"}}
 }}}`
 
-func startPipelineNode(t *testing.T) *pipelineNode {
+func startPipelineNode(t *testing.T) *pipelineNode { return startPipelineNodeB(t) }
+
+func startPipelineNodeB(t testing.TB) *pipelineNode {
 	t.Helper()
 	if err := node.Requirements(node.BinDirs()); err != nil {
 		t.Skipf("e2e: %v", err)
@@ -52,36 +54,15 @@ func startPipelineNode(t *testing.T) *pipelineNode {
 		failFile: filepath.Join(dir, "fail-at"),
 		mockPath: filepath.Join(dir, "mock-gpus.json"),
 	}
-	if err := os.WriteFile(filepath.Join(dir, "tenants.json"), []byte(e2eTenants), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	if err := os.WriteFile(pn.failFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	seq := nodeSeq.Load() + 1
 	subnet := fmt.Sprintf("10.%d.%d.0/24", 200+int(seq)%50, os.Getpid()%250)
-	gw := strings.TrimSuffix(strings.Split(subnet, "/")[0], ".0") + ".1"
-	extra := fmt.Sprintf(`[policy]
-bundle = %q
-insecure_skip_verification = true
-data = %q
-decision_log = %q
-[mig]
-backend = "mock"
-mock_model = "h200"
-mock_gpus = 1
-mock_state = %q
-[netpol]
-enabled = true
-pin_dir = %q
-lock_path = %q
-cluster_cidrs = [%q]
-[netpol.shared_services]
-untrusted = ["%s/32"]
-standard = ["%s/32"]
-trusted = ["%s/32"]
-`, bundle, filepath.Join(dir, "tenants.json"), filepath.Join(dir, "decisions.log"), pn.mockPath,
-		pn.pinDir, filepath.Join(dir, "netpol.lock"), subnet, gw, gw, gw)
+	extra, err := node.Pipeline{Bundle: bundle, TenantsJSON: e2eTenants, MockModel: "h200", MockGPUs: 1, PinDir: pn.pinDir}.ShimConfig(dir, subnet)
+	if err != nil {
+		t.Fatal(err)
+	}
 	pn.Node = startNode(t, node.Options{
 		Dir: dir, Subnet: subnet, PipelineEnabled: true, ShimConfig: extra,
 		Env: []string{bhruntime.FailAtEnv + "=@" + pn.failFile},
@@ -90,7 +71,7 @@ trusted = ["%s/32"]
 	return pn
 }
 
-func (pn *pipelineNode) ledger(t *testing.T) []*bhruntime.Reservation {
+func (pn *pipelineNode) ledger(t testing.TB) []*bhruntime.Reservation {
 	t.Helper()
 	l, err := bhruntime.OpenLedger(filepath.Join(pn.Dir(), "ledger.db"))
 	if err != nil {

@@ -446,3 +446,52 @@ func KillUnder(dir string) {
 
 // BridgeName returns the CNI bridge's name.
 func (n *Node) BridgeName() string { return n.opts.Bridge }
+
+// Pipeline describes the full placement pipeline for a node: the policy
+// bundle and tenants, a mock GPU node and the eBPF fence.
+type Pipeline struct {
+	// Bundle is the policy bundle directory (the repository's rego/).
+	Bundle string
+	// TenantsJSON is the policy data with data.bulkhead.tenants.
+	TenantsJSON string
+	// MockModel and MockGPUs describe the mock GPU node.
+	MockModel string
+	MockGPUs  int
+	// PinDir is the fence's pin directory on bpffs (private to the node).
+	PinDir string
+}
+
+// ShimConfig writes the pipeline's files under dir and returns the TOML
+// to append to the shim's configuration (with the pipeline enabled).
+func (p Pipeline) ShimConfig(dir, subnet string) (string, error) {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return "", err
+	}
+	tenants := filepath.Join(dir, "tenants.json")
+	if err := os.WriteFile(tenants, []byte(p.TenantsJSON), 0o644); err != nil {
+		return "", err
+	}
+	ip, _, _ := strings.Cut(subnet, "/")
+	gw := strings.TrimSuffix(ip, ".0") + ".1"
+	return fmt.Sprintf(`[policy]
+bundle = %q
+insecure_skip_verification = true
+data = %q
+decision_log = %q
+[mig]
+backend = "mock"
+mock_model = %q
+mock_gpus = %d
+mock_state = %q
+[netpol]
+enabled = true
+pin_dir = %q
+lock_path = %q
+cluster_cidrs = [%q]
+[netpol.shared_services]
+untrusted = ["%s/32"]
+standard = ["%s/32"]
+trusted = ["%s/32"]
+`, p.Bundle, tenants, filepath.Join(dir, "decisions.log"), p.MockModel, p.MockGPUs, filepath.Join(dir, "mock-gpus.json"),
+		p.PinDir, filepath.Join(dir, "netpol.lock"), subnet, gw, gw, gw), nil
+}
