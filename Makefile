@@ -23,7 +23,10 @@ tools: ## Install pinned containerd, ctr, runsc, crictl and opa into TOOLS_DIR (
 
 .PHONY: test
 test: build tools ## Run every test: unit, Rego (with coverage gate), privileged and e2e (as root).
-	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -timeout 30m ./... 2>&1 | tee $(CURDIR)/.test.log; exit $${PIPESTATUS[0]}
+	@# Full verbose output goes to .test.log; the console shows each test's result and any failure.
+	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -v -count=1 -timeout 30m ./... > $(CURDIR)/.test.log 2>&1; rc=$$?; \
+	grep -E '^(--- (PASS|FAIL|SKIP)|ok |FAIL|panic:|\s+--- (PASS|FAIL|SKIP)|\s+[a-z_]+_test\.go:[0-9]+:)' $(CURDIR)/.test.log; \
+	echo "go test exit status $$rc (full log: .test.log)"; exit $$rc
 
 .PHONY: test-unit
 test-unit: ## Run the unprivileged unit tests only (short mode).

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/log"
 )
@@ -41,6 +42,19 @@ func SandboxAlive(cfg Config, id string, shimPID int) bool {
 	}
 	matches, _ = filepath.Glob(filepath.Join(cfg.RunscRoot, "*", "*_sandbox:"+id+".state"))
 	return len(matches) > 0
+}
+
+// recordGrace is how long a sandbox directory without a readable record is
+// presumed to be in the middle of its creation.
+const recordGrace = 2 * time.Minute
+
+func young(state *StateDir, id string) bool {
+	dir, err := state.Dir(id)
+	if err != nil {
+		return false
+	}
+	st, err := os.Stat(dir)
+	return err == nil && time.Since(st.ModTime()) < recordGrace
 }
 
 func shimRunning(pid int) bool {
@@ -88,8 +102,16 @@ func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
 	}
 	for _, id := range ids {
 		sb, err := state.Load(id)
+		if err != nil {
+			// A shim may be writing the record right now (the directory
+			// exists before the record is renamed into it): leave young
+			// directories alone.
+			if young(state, id) {
+				continue
+			}
+		}
 		pid := 0
-		if err == nil {
+		if sb != nil {
 			pid = sb.ShimPID
 		}
 		if SandboxAlive(p.cfg, id, pid) {
