@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -45,14 +46,27 @@ var latencySample struct {
 	once             sync.Once
 	bundle, baseline []time.Duration
 	allowed, refused int
+	// CPU time (user+system, all threads: GC included) per decision; less
+	// sensitive than wall-clock percentiles to a machine shared with others.
+	bundleCPU, baselineCPU time.Duration
 }
 
 const sampleSize = 100_000
 
-func measure(b *testing.B, e *Engine, inputs []Input) ([]time.Duration, int) {
+// processCPU is the CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func measure(b *testing.B, e *Engine, inputs []Input) ([]time.Duration, int, time.Duration) {
 	ctx := context.Background()
 	out := make([]time.Duration, sampleSize)
 	allowed := 0
+	cpu0 := processCPU()
 	for i := range out {
 		in := inputs[i%len(inputs)]
 		start := time.Now()
@@ -65,8 +79,9 @@ func measure(b *testing.B, e *Engine, inputs []Input) ([]time.Duration, int) {
 			allowed++
 		}
 	}
+	cpu := (processCPU() - cpu0) / sampleSize
 	slices.Sort(out)
-	return out, allowed
+	return out, allowed, cpu
 }
 
 func percentile(sorted []time.Duration, p float64) float64 {
@@ -91,12 +106,12 @@ func BenchmarkDecide(b *testing.B) {
 	latencySample.once.Do(func() {
 		base := openBaseline(b)
 		var baseAllowed int
-		latencySample.baseline, baseAllowed = measure(b, base, inputs)
+		latencySample.baseline, baseAllowed, latencySample.baselineCPU = measure(b, base, inputs)
 		if baseAllowed != sampleSize {
 			b.Fatal("baseline bundle refused a decision")
 		}
 		var allowed int
-		latencySample.bundle, allowed = measure(b, e, inputs)
+		latencySample.bundle, allowed, latencySample.bundleCPU = measure(b, e, inputs)
 		latencySample.allowed, latencySample.refused = allowed, sampleSize-allowed
 	})
 	ctx := context.Background()
@@ -118,6 +133,8 @@ func BenchmarkDecide(b *testing.B) {
 	b.ReportMetric(percentile(s.bundle, 0.99)/percentile(s.baseline, 0.99), "p99/baseline-p99")
 	b.ReportMetric(percentile(s.bundle, 0.99)/50_000, "p99/50µs-target")
 	b.ReportMetric(float64(s.refused)/sampleSize, "refused-fraction")
+	b.ReportMetric(float64(s.bundleCPU.Nanoseconds()), "cpu-ns/decision")
+	b.ReportMetric(float64(s.baselineCPU.Nanoseconds()), "baseline-cpu-ns/decision")
 }
 
 // BenchmarkDecideParallel is Decide from GOMAXPROCS goroutines at once.

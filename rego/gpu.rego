@@ -51,8 +51,6 @@ allowed_profiles := mig_profiles if not settings.whole_gpu
 
 quota_slices := identity.config.quota.gpu_slices
 
-default max_slices := 0
-
 max_slices := min({settings.max_slices, quota_slices}) if quota_slices
 
 max_slices := settings.max_slices if not quota_slices
@@ -133,7 +131,7 @@ findings contains {
 }
 
 # shareable(g) holds when the tenant may place a slice on physical GPU g.
-shareable(g) if not settings.exclusive_physical_gpu
+shareable(_) if not settings.exclusive_physical_gpu
 
 shareable(g) if {
 	every t in object.get(g, "tenants", []) {

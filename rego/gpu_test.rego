@@ -103,7 +103,6 @@ test_null_gpu_is_no_request if {
 	rules(doc) == set()
 }
 
-
 test_profiles_up_to_matches_catalogue if {
 	count(data.bulkhead.gpu_profiles_up_to) == 8
 	every n, listed in data.bulkhead.gpu_profiles_up_to {

@@ -81,15 +81,15 @@ findings contains {
 
 # A pod may repeat its identity in annotations (some tools do), but it may
 # never claim another one.
+identity_annotations := {"bulkhead.dev/tenant": "tenant", "bulkhead.dev/tier": "tier"}
+
+actual_identity := {"tenant": tenant_label, "tier": tier_label}
+
 findings contains {
 	"rule": "identity.annotation_mismatch",
-	"message": sprintf("annotation %s=%q contradicts namespace %q, which belongs to %s %q", [key, claimed, input.namespace, what, actual]),
+	"message": sprintf("annotation %s=%q contradicts namespace %q, which belongs to %s %q", [key, claimed, input.namespace, what, actual_identity[what]]),
 } if {
-	some key, pair in {
-		"bulkhead.dev/tenant": ["tenant", tenant_label],
-		"bulkhead.dev/tier": ["tier", tier_label],
-	}
-	claimed := input.pod.annotations[key]
-	[what, actual] := pair
-	claimed != actual
+	some key, claimed in input.pod.annotations
+	what := identity_annotations[key]
+	claimed != actual_identity[what]
 }

@@ -9,7 +9,8 @@ import data.bulkhead.identity
 
 quota := identity.config.quota
 
-usage(field) := object.get(input, ["usage", field], 0)
+# usage is the tenant's consumption; a missing field counts as zero.
+usage := object.union({"sandboxes": 0, "gpu_slices": 0, "memory_bytes": 0}, object.get(input, "usage", {}))
 
 # memory_pattern is what units.parse_bytes accepts for a Kubernetes quantity.
 memory_pattern := `^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$`
@@ -20,24 +21,24 @@ requested_memory := object.get(input, ["request", "memory_bytes"], 0)
 
 findings contains {
 	"rule": "quota.sandboxes",
-	"message": sprintf("tenant %q runs %d sandboxes; one more exceeds its quota of %d", [identity.tenant, usage("sandboxes"), quota.sandboxes]),
+	"message": sprintf("tenant %q runs %d sandboxes; one more exceeds its quota of %d", [identity.tenant, usage.sandboxes, quota.sandboxes]),
 } if {
-	usage("sandboxes") + 1 > quota.sandboxes
+	usage.sandboxes + 1 > quota.sandboxes
 }
 
 findings contains {
 	"rule": "quota.gpu_slices",
-	"message": sprintf("tenant %q holds %d GPU compute slices; %d more exceed its quota of %d", [identity.tenant, usage("gpu_slices"), gpu.requested_slices, quota.gpu_slices]),
+	"message": sprintf("tenant %q holds %d GPU compute slices; %d more exceed its quota of %d", [identity.tenant, usage.gpu_slices, gpu.requested_slices, quota.gpu_slices]),
 } if {
 	gpu.requested_slices > 0
-	usage("gpu_slices") + gpu.requested_slices > quota.gpu_slices
+	usage.gpu_slices + gpu.requested_slices > quota.gpu_slices
 }
 
 findings contains {
 	"rule": "quota.memory",
-	"message": sprintf("tenant %q uses %d bytes of memory; %d more exceed its quota of %s (%d bytes)", [identity.tenant, usage("memory_bytes"), requested_memory, quota.memory, memory_limit]),
+	"message": sprintf("tenant %q uses %d bytes of memory; %d more exceed its quota of %s (%d bytes)", [identity.tenant, usage.memory_bytes, requested_memory, quota.memory, memory_limit]),
 } if {
-	usage("memory_bytes") + requested_memory > memory_limit
+	usage.memory_bytes + requested_memory > memory_limit
 }
 
 # Without a memory limit a pod escapes the tenant's memory quota. Warn by
