@@ -44,6 +44,11 @@ type GPU struct {
 	Index int `json:"index"`
 	// Model is the short model name, see Model.
 	Model string `json:"model"`
+	// NoMIG marks a GPU with MIG mode off: it only takes whole-GPU
+	// requests. With WithStrictMIGMode a MIG-enabled GPU never takes a
+	// whole-GPU request either: CUDA sees no device there without MIG
+	// capabilities, so the sandbox could not use it.
+	NoMIG bool `json:"no_mig,omitempty"`
 }
 
 // NodeGPUs returns n GPUs of one model, indices 0..n-1.
@@ -174,8 +179,14 @@ type Option func(*Allocator)
 // WithStrategy selects the placement strategy (BestFit by default).
 func WithStrategy(s Strategy) Option { return func(a *Allocator) { a.strategy = s } }
 
+// WithStrictMIGMode keeps whole-GPU requests off MIG-enabled GPUs (see
+// GPU.NoMIG). Without it a whole-GPU request may take any empty GPU, which
+// suits simulated nodes whose GPUs are all in MIG mode.
+func WithStrictMIGMode() Option { return func(a *Allocator) { a.strictMIG = true } }
+
 type gpuSlot struct {
 	index      int
+	noMIG      bool
 	model      *GPUModel
 	state      gpuState
 	placements []Placement // sorted by start
@@ -184,8 +195,9 @@ type gpuSlot struct {
 // Allocator places slices over a node's GPUs. It holds no lock: the caller
 // (the node ledger) serialises access and persists State.
 type Allocator struct {
-	strategy Strategy
-	gpus     []gpuSlot // sorted by index
+	strategy  Strategy
+	strictMIG bool
+	gpus      []gpuSlot // sorted by index
 }
 
 // NodeState is the serialisable form of an allocator.
@@ -215,7 +227,7 @@ func NewAllocator(gpus []GPU, existing []Placement, opts ...Option) (*Allocator,
 		if err != nil {
 			return nil, fmt.Errorf("gpu %d: %w", g.Index, err)
 		}
-		a.gpus = append(a.gpus, gpuSlot{index: g.Index, model: m})
+		a.gpus = append(a.gpus, gpuSlot{index: g.Index, noMIG: g.NoMIG, model: m})
 	}
 	sort.Slice(a.gpus, func(i, j int) bool { return a.gpus[i].index < a.gpus[j].index })
 	for _, p := range existing {
@@ -235,14 +247,14 @@ func FromState(st NodeState, opts ...Option) (*Allocator, error) {
 func (a *Allocator) State() NodeState {
 	st := NodeState{Placements: a.Placements()}
 	for _, g := range a.gpus {
-		st.GPUs = append(st.GPUs, GPU{Index: g.index, Model: g.model.Name})
+		st.GPUs = append(st.GPUs, GPU{Index: g.index, Model: g.model.Name, NoMIG: g.noMIG})
 	}
 	return st
 }
 
 // Clone returns an independent copy.
 func (a *Allocator) Clone() *Allocator {
-	c := &Allocator{strategy: a.strategy, gpus: make([]gpuSlot, len(a.gpus))}
+	c := &Allocator{strategy: a.strategy, strictMIG: a.strictMIG, gpus: make([]gpuSlot, len(a.gpus))}
 	copy(c.gpus, a.gpus)
 	for i := range c.gpus {
 		c.gpus[i].placements = append([]Placement(nil), a.gpus[i].placements...)
@@ -271,6 +283,9 @@ func (a *Allocator) restore(p Placement) error {
 	}
 	if why := g.admits(p.Tenant, p.Isolation, p.Profile == WholeGPUProfile); why != "" {
 		return fmt.Errorf("%w: placement %s: %s", ErrInvalidRequest, p, why)
+	}
+	if !a.modeFits(g, p.Profile == WholeGPUProfile) {
+		return fmt.Errorf("%w: placement %s: %s", ErrInvalidRequest, p, g.modeMismatch())
 	}
 	if p.Profile == WholeGPUProfile {
 		if p.Start != 0 {
@@ -307,6 +322,22 @@ func (g *gpuSlot) insert(p Placement) {
 	g.placements = append(g.placements, Placement{})
 	copy(g.placements[i+1:], g.placements[i:])
 	g.placements[i] = p
+}
+
+// modeFits applies the GPU's MIG mode: slices need MIG, and in strict mode
+// whole GPUs need it off.
+func (a *Allocator) modeFits(g *gpuSlot, whole bool) bool {
+	if whole {
+		return g.noMIG || !a.strictMIG
+	}
+	return !g.noMIG
+}
+
+func (g *gpuSlot) modeMismatch() string {
+	if g.noMIG {
+		return "MIG mode off: whole GPU only"
+	}
+	return "MIG mode on: no whole GPU"
 }
 
 // admits says why the GPU's co-tenancy rules refuse a tenant, or "".
@@ -430,6 +461,10 @@ func (a *Allocator) Allocate(req Request) (Placement, error) {
 	)
 	for gi := range a.gpus {
 		g := &a.gpus[gi]
+		if !a.modeFits(g, req.WholeGPU) {
+			refusals = append(refusals, refusal{gpu: g.index, why: g.modeMismatch()})
+			continue
+		}
 		if why := g.admits(req.Tenant, req.Isolation, req.WholeGPU); why != "" {
 			refusals = append(refusals, refusal{gpu: g.index, why: why})
 			continue

@@ -93,7 +93,9 @@ func TestAllocateNamesAndConstraints(t *testing.T) {
 		req  Request
 		want string // "gpuN profile@start" or "error: substring"
 	}
-	r := func(owner, tenant, profile string) Request { return Request{Owner: owner, Tenant: tenant, Profile: profile} }
+	r := func(owner, tenant, profile string) Request {
+		return Request{Owner: owner, Tenant: tenant, Profile: profile}
+	}
 	tests := []struct {
 		name  string
 		gpus  int
@@ -138,11 +140,18 @@ func TestAllocateNamesAndConstraints(t *testing.T) {
 			{Request{Owner: "b", Tenant: "t", Profile: "3g.71gb", MaxProfile: "2g.35gb"}, "error: 3g.71gb exceeds max_profile 2g.35gb"},
 			{Request{Owner: "c", Tenant: "t", MinMemoryGB: 60, MaxProfile: "2g.35gb"}, "error: exceeds max_profile"},
 		}},
-		{"whole GPU", 2, []step{
+		{"whole GPU takes an empty GPU", 2, []step{
 			{r("a", "t1", "1g.18gb"), "gpu0 1g.18gb@6"},
 			{Request{Owner: "b", Tenant: "t2", WholeGPU: true}, "gpu1 whole@0"},
-			{Request{Owner: "c", Tenant: "t2", WholeGPU: true}, "error: insufficient resources"},
+			{Request{Owner: "c", Tenant: "t2", WholeGPU: true}, "error: gpu0: needs an empty GPU; gpu1: needs an empty GPU"},
 			{r("d", "t1", "7g.141gb"), "error: gpu1: held exclusively by b"},
+		}},
+		{"strict: whole GPU only on GPUs without MIG", 3, []step{
+			{r("a", "t1", "1g.18gb"), "gpu0 1g.18gb@6"},
+			{Request{Owner: "b", Tenant: "t2", WholeGPU: true}, "gpu2 whole@0"},
+			{Request{Owner: "c", Tenant: "t2", WholeGPU: true}, "error: gpu0: MIG mode on: no whole GPU; gpu1: MIG mode on: no whole GPU; gpu2: needs an empty GPU"},
+			{r("d", "t1", "7g.141gb"), "gpu1 7g.141gb@0"},
+			{r("e", "t1", "7g.141gb"), "error: gpu2: MIG mode off: whole GPU only"},
 		}},
 		{"invalid requests name the field", 1, []step{
 			{Request{Tenant: "t", Profile: "1g.18gb"}, "error: owner: must not be empty"},
@@ -156,7 +165,15 @@ func TestAllocateNamesAndConstraints(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, err := NewAllocator(NodeGPUs("h200", tt.gpus), nil)
+			gpus := NodeGPUs("h200", tt.gpus)
+			if tt.gpus == 3 {
+				gpus[2].NoMIG = true
+			}
+			var opts []Option
+			if tt.gpus == 3 {
+				opts = append(opts, WithStrictMIGMode())
+			}
+			a, err := NewAllocator(gpus, nil, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -267,12 +284,13 @@ func TestNewAllocatorRejectsBadInput(t *testing.T) {
 		existing []Placement
 		want     string
 	}{
-		{[]GPU{{0, "h200"}, {0, "h200"}}, nil, "gpu index 0: listed twice"},
-		{[]GPU{{-1, "h200"}}, nil, "gpu index -1"},
-		{[]GPU{{0, "t4"}}, nil, `gpu 0: gpu model "t4"`},
+		{[]GPU{{Index: 0, Model: "h200"}, {Index: 0, Model: "h200"}}, nil, "gpu index 0: listed twice"},
+		{[]GPU{{Index: -1, Model: "h200"}}, nil, "gpu index -1"},
+		{[]GPU{{Index: 0, Model: "t4"}}, nil, `gpu 0: gpu model "t4"`},
 		{NodeGPUs("h200", 1), []Placement{{GPU: 3, Profile: "1g.18gb", Tenant: "t", Owner: "o"}}, "gpu 3 is not on this node"},
 		{NodeGPUs("h200", 1), []Placement{{GPU: 0, Profile: "1g.18gb", Owner: "o"}}, "owner and tenant"},
-		{NodeGPUs("h200", 1), []Placement{{GPU: 0, Profile: "whole", Start: 2, Tenant: "t", Owner: "o"}}, "whole GPU must start at 0"},
+		{[]GPU{{Index: 0, Model: "h200", NoMIG: true}}, []Placement{{GPU: 0, Profile: "whole", Start: 2, Tenant: "t", Owner: "o"}}, "whole GPU must start at 0"},
+		{[]GPU{{Index: 0, Model: "h200", NoMIG: true}}, []Placement{{GPU: 0, Profile: "1g.18gb", Tenant: "t", Owner: "o"}}, "MIG mode off: whole GPU only"},
 		{NodeGPUs("h200", 1), []Placement{
 			{GPU: 0, Profile: "1g.18gb", Tenant: "t", Owner: "o", Isolation: IsolationTenant},
 			{GPU: 0, Profile: "1g.18gb", Start: 1, Tenant: "u", Owner: "p"}}, "kept to tenant t"},

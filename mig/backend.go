@@ -219,13 +219,12 @@ func (b *NVMLBackend) GPUs() ([]GPUInfo, error) {
 	return out, nil
 }
 
-// AllocatorGPUs lists the MIG-enabled GPUs in the allocator's terms.
+// AllocatorGPUs lists the GPUs in the allocator's terms; GPUs with MIG
+// mode off are marked NoMIG and only take whole-GPU requests.
 func (b *NVMLBackend) AllocatorGPUs() []GPU {
-	var out []GPU
-	for _, g := range b.gpus {
-		if g.info.MIGEnabled {
-			out = append(out, GPU{Index: g.info.Index, Model: g.info.Model})
-		}
+	out := make([]GPU, len(b.gpus))
+	for i, g := range b.gpus {
+		out[i] = GPU{Index: g.info.Index, Model: g.info.Model, NoMIG: !g.info.MIGEnabled}
 	}
 	return out
 }
@@ -448,4 +447,39 @@ func listGI(g *nvmlGPU, p *Profile, gi nvml.GpuInstance, uuids map[[2]int]string
 // reconciling the node's real instances with the ledger.
 func PlacementOf(inst Instance, tenant, owner string) Placement {
 	return Placement{GPU: inst.GPU, Profile: inst.Profile, Start: inst.Start, Size: inst.Size, Tenant: tenant, Owner: owner}
+}
+
+// Reconcile compares the instances a backend lists with the placements the
+// ledger holds, matching them by GPU, profile and start. Orphans are
+// instances no placement accounts for (a crash after creation, or a
+// placement released while its destroy failed): GC destroys them. Missing
+// are placements without a complete instance (a crash before creation):
+// GC releases or re-creates them. Whole-GPU placements have no instance and
+// are never missing.
+func Reconcile(instances []Instance, placements []Placement) (orphans []Instance, missing []Placement) {
+	type spot struct {
+		gpu, start int
+		profile    string
+	}
+	held := map[spot]bool{}
+	for _, p := range placements {
+		if p.Profile != WholeGPUProfile {
+			held[spot{p.GPU, p.Start, p.Profile}] = true
+		}
+	}
+	complete := map[spot]bool{}
+	for _, inst := range instances {
+		s := spot{inst.GPU, inst.Start, inst.Profile}
+		if !held[s] || inst.CI < 0 {
+			orphans = append(orphans, inst)
+			continue
+		}
+		complete[s] = true
+	}
+	for _, p := range placements {
+		if p.Profile != WholeGPUProfile && !complete[spot{p.GPU, p.Start, p.Profile}] {
+			missing = append(missing, p)
+		}
+	}
+	return orphans, missing
 }

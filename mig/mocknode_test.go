@@ -247,8 +247,8 @@ func TestNVMLBackendMIGModeIsNeverToggledImplicitly(t *testing.T) {
 	if gpus, _ := b.GPUs(); gpus[0].MIGEnabled {
 		t.Fatal("MIG reported enabled")
 	}
-	if len(b.AllocatorGPUs()) != 0 {
-		t.Fatal("MIG-disabled GPU offered to the allocator")
+	if g := b.AllocatorGPUs(); len(g) != 1 || !g[0].NoMIG {
+		t.Fatalf("MIG-disabled GPU offered for slices: %+v", g)
 	}
 	if _, err := b.Create(0, "1g.10gb", 0); !errors.Is(err, ErrMIGDisabled) {
 		t.Fatalf("create: %v", err)
@@ -353,5 +353,45 @@ func TestMockNodeAcrossProcesses(t *testing.T) {
 	}
 	if _, err := b.Create(1, "1g.45gb", 6); !errors.Is(err, ErrInsufficientResources) {
 		t.Fatalf("overlapping create: %v", err)
+	}
+}
+
+func TestReconcile(t *testing.T) {
+	node, _ := NewMockNode("h100", 2, MockOptions{})
+	b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, _ := b.Create(0, "3g.40gb", 4)
+	orphan, _ := b.Create(1, "1g.10gb", 6)
+	// A GPU instance whose compute instance was never made (crash between).
+	d := mockDevice(t, node, 0)
+	info := profileInfo(t, d, nvml.GPU_INSTANCE_PROFILE_2_SLICE)
+	if _, ret := d.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 2}); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	ledger := []Placement{
+		{GPU: 0, Profile: "3g.40gb", Start: 4, Tenant: "t", Owner: "a"},
+		{GPU: 0, Profile: "2g.20gb", Start: 0, Tenant: "t", Owner: "b"},
+		{GPU: 1, Profile: "1g.10gb", Start: 0, Tenant: "t", Owner: "c"},
+	}
+	insts, _ := b.Instances()
+	orphans, missing := Reconcile(insts, ledger)
+	if len(orphans) != 2 || len(missing) != 2 {
+		t.Fatalf("orphans %+v\nmissing %+v", orphans, missing)
+	}
+	for _, o := range orphans {
+		if o == kept {
+			t.Fatal("a held instance was reported orphaned")
+		}
+		if err := b.Destroy(o.GPU, o.GI, o.CI); err != nil {
+			t.Fatalf("destroy %+v: %v", o, err)
+		}
+	}
+	if missing[0].Owner != "b" || missing[1].Owner != "c" {
+		t.Fatalf("missing %+v", missing)
+	}
+	if insts, _ := b.Instances(); len(insts) != 1 || insts[0] != kept {
+		t.Fatalf("after GC %+v (orphan was %+v)", insts, orphan)
 	}
 }

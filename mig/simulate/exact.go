@@ -35,15 +35,15 @@ type exact struct {
 	// request is accepted whenever some placement exists, and only the
 	// choice of placement is optimised.
 	admission bool
-	model   *mig.GPUModel
-	events  []Event
-	prof    []*mig.Profile // per event (arrivals)
-	iso     []mig.Isolation
-	tenant  []string
-	gpus    []mig.Occupancy
-	holders [][]holder // per GPU, the live slices
-	memo    map[string]int
-	after   []int // arrivals from event i on
+	model     *mig.GPUModel
+	events    []Event
+	prof      []*mig.Profile // per event (arrivals)
+	iso       []mig.Isolation
+	tenant    []string
+	gpus      []mig.Occupancy
+	holders   [][]holder // per GPU, the live slices
+	memo      map[string]int
+	after     []int // arrivals from event i on
 }
 
 type holder struct {
