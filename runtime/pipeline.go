@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/vishvananda/netlink"
@@ -134,6 +135,7 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 		}
 		c.Decider = eng
 	}
+	var nb *mig.NVMLBackend
 	switch cfg.MIG.Backend {
 	case "", "none":
 	case "mock":
@@ -141,20 +143,21 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 		if err != nil {
 			return c, fmt.Errorf("mig: %w", err)
 		}
-		if c.Backend, err = mig.NewNVMLBackend(node.Interface(), mig.NVMLOptions{}); err != nil {
+		if nb, err = mig.NewNVMLBackend(node.Interface(), mig.NVMLOptions{}); err != nil {
 			return c, fmt.Errorf("mig: %w", err)
+		}
+	case "nvml":
+		// Real NVML; MIG mode is read, never toggled.
+		if nb, err = mig.NewNVMLBackend(nvml.New(), mig.NVMLOptions{}); err != nil {
+			return c, fmt.Errorf("mig: nvml: %w", err)
 		}
 	default:
-		return c, fmt.Errorf("mig.backend %q: not available in this build", cfg.MIG.Backend)
+		return c, fmt.Errorf("mig.backend %q: not one of none, mock, nvml", cfg.MIG.Backend)
 	}
-	if c.Backend != nil {
-		infos, err := c.Backend.GPUs()
-		if err != nil {
-			return c, fmt.Errorf("mig: %w", err)
-		}
-		for _, g := range infos {
-			c.GPUs = append(c.GPUs, mig.GPU{Index: g.Index, Model: g.Model})
-		}
+	if nb != nil {
+		c.Backend = nb
+		// The backend's view keeps GPUs not in MIG mode out of slicing.
+		c.GPUs = nb.AllocatorGPUs()
 	}
 	if cfg.Netpol.Enabled {
 		if err := netpol.MountBPFFS(filepath.Dir(cfg.Netpol.PinDir)); err != nil {
