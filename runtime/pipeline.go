@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/log"
@@ -31,8 +32,8 @@ const (
 	AnnotationSandboxMemory = "io.kubernetes.cri.sandbox-memory"
 )
 
-// FailAtEnv names the pipeline step that fails on purpose, or "@path" of a
-// file that names it. Test-only: it proves that a failure at every step
+// FailAtEnv names the pipeline step that fails on purpose ("hang:STEP"
+// stands still there instead), or "@path" of a file that says so. Test-only: it proves that a failure at every step
 // unwinds completely.
 const FailAtEnv = "BULKHEAD_TEST_FAIL_AT"
 
@@ -185,6 +186,11 @@ func (p *Pipeline) fail(step string) error {
 		// without restarting containerd.
 		b, _ := os.ReadFile(at[1:])
 		at = strings.TrimSpace(string(b))
+	}
+	if hang, ok := strings.CutPrefix(at, "hang:"); ok && hang == step {
+		// Stand still so a test can kill -9 the shim mid-create.
+		time.Sleep(5 * time.Minute)
+		return fmt.Errorf("pipeline step %q: test hang expired", step)
 	}
 	if at != "" && at == step {
 		return fmt.Errorf("injected failure at pipeline step %q (%s)", step, FailAtEnv)
@@ -473,14 +479,19 @@ func (p *Pipeline) Activate(ctx context.Context, sb *Sandbox, res *Reservation) 
 			}
 		}
 		if d == nil || d.Network.Isolation != "none" {
-			if err := p.fence.Register(ctx, ep); err != nil {
-				return fmt.Errorf("sandbox %s: fence: %w", sb.ID, err)
-			}
+			// Record the entry before making it, so a crash in between
+			// leaves a reservation that GC can release.
 			res.Endpoint = &FenceRecord{Ifindex: ifindex, Ifname: ifname}
 			for _, a := range []netip.Addr{v4, v6} {
 				if a.IsValid() {
 					res.Endpoint.IPs = append(res.Endpoint.IPs, a.String())
 				}
+			}
+			if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
+				return err
+			}
+			if err := p.fence.Register(ctx, ep); err != nil {
+				return fmt.Errorf("sandbox %s: fence: %w", sb.ID, err)
 			}
 		}
 	}

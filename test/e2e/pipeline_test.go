@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -342,3 +344,106 @@ func TestFailureAtEveryPipelineStepLeavesNothing(t *testing.T) {
 }
 
 var _ = errors.Is
+
+// bulkheadCLI finds the bulkhead binary built by `make build`.
+func bulkheadCLI(t *testing.T) string {
+	for _, d := range node.BinDirs() {
+		p := filepath.Join(d, "bulkhead")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	t.Skip("needs the bulkhead CLI (make build)")
+	return ""
+}
+
+func TestShimKilledMidCreateThenContainerdRestartAndGC(t *testing.T) {
+	pn := startPipelineNode(t)
+	cli := bulkheadCLI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	// A survivor holding a GPU, a fence entry and quota.
+	survivorCfg := podConfig(pn.Node, "survivor", "research", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"})
+	survivor, err := runPod(ctx, pn.Node, survivorCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	survivorCtr, err := startContainer(ctx, pn.Node, survivor, survivorCfg, "main", "exec sleep 3600")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The victim's shim stands still after its fence entry is registered
+	// and before the reservation is marked active.
+	if err := os.WriteFile(pn.failFile, []byte("hang:"+bhruntime.StepActive), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := runPod(ctx, pn.Node, podConfig(pn.Node, "victim", "agents", nil))
+		errc <- err
+	}()
+	var victim *bhruntime.Reservation
+	deadline := time.Now().Add(90 * time.Second)
+	for victim == nil {
+		for _, r := range pn.ledger(t) {
+			if r.SandboxID != survivor && r.Endpoint != nil {
+				victim = r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the victim never reached the fence step")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := syscall.Kill(victim.ShimPID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 shim %d: %v", victim.ShimPID, err)
+	}
+	if err := <-errc; err == nil {
+		t.Fatal("RunPodSandbox of the victim succeeded after its shim was killed")
+	}
+	if err := os.WriteFile(pn.failFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := pn.RestartContainerd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, cli, "node", "gc", "--config", pn.ShimConf).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bulkhead node gc: %v\n%s", err, out)
+	}
+	t.Logf("bulkhead node gc: %s", out)
+	// GC is idempotent: a second pass finds nothing.
+	out, err = exec.CommandContext(ctx, cli, "node", "gc", "--config", pn.ShimConf).CombinedOutput()
+	if err != nil || strings.Contains(string(out), victim.SandboxID) {
+		t.Errorf("second gc: %v\n%s", err, out)
+	}
+
+	// Ledger, fence, state and processes agree with the pods that exist.
+	res := pn.ledger(t)
+	if len(res) != 1 || res[0].SandboxID != survivor || res[0].State != bhruntime.StateActive {
+		t.Errorf("ledger after gc: %+v", res)
+	}
+	eps, err := pn.fence(t).Endpoints()
+	if err != nil || len(eps) != 1 || eps[0].SandboxID != survivor {
+		t.Errorf("fence after gc: %+v (%v)", eps, err)
+	}
+	if ids := dirEntries(filepath.Join(pn.StateDir, "sandboxes")); len(ids) != 1 || ids[0] != survivor {
+		t.Errorf("state dir after gc: %v", ids)
+	}
+	if p := processes(pn.Dir(), victim.SandboxID); len(p) > 0 {
+		t.Errorf("victim processes left: %q", p)
+	}
+	if insts := pn.migInstances(t); len(insts) != 0 {
+		t.Errorf("MIG instances after gc: %+v", insts)
+	}
+	// The survivor still works through the restarted containerd.
+	if _, err := execSync(ctx, pn.Node, survivorCtr, "true"); err != nil {
+		t.Errorf("survivor exec after restart: %v", err)
+	}
+	if err := removePod(ctx, pn.Node, survivor); err != nil {
+		t.Fatal(err)
+	}
+	pn.assertNodeClean(t)
+}

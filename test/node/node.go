@@ -63,6 +63,8 @@ type Node struct {
 	logFile   *os.File
 	// exited is closed when containerd has exited.
 	exited chan struct{}
+	// containerd is the daemon's binary.
+	containerd string
 }
 
 // Requirements reports what this machine lacks to run a node, or nil.
@@ -232,54 +234,78 @@ enabled = %t
 		return nil, err
 	}
 
+	n.containerd = containerd
 	n.logFile, err = os.Create(filepath.Join(opts.Dir, "containerd.log"))
 	if err != nil {
 		return nil, err
 	}
-	n.cmd = exec.Command(containerd, "--config", filepath.Join(opts.Dir, "containerd.toml"))
-	n.cmd.Stdout, n.cmd.Stderr = n.logFile, n.logFile
-	n.cmd.Env = append(os.Environ(),
-		"BULKHEAD_CONFIG="+n.ShimConf,
-		"PATH="+strings.Join(append(append([]string{}, opts.BinDir...), os.Getenv("PATH")), ":"))
-	n.cmd.Env = append(n.cmd.Env, opts.Env...)
-	// containerd must outlive a Ctrl-C of the parent long enough to be
-	// stopped in order; give it its own process group.
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := n.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start containerd: %w", err)
-	}
-	n.exited = make(chan struct{})
-	var waitErr error
-	go func() { waitErr = n.cmd.Wait(); close(n.exited) }()
-
 	n.conn, err = grpc.NewClient("unix://"+n.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
 	n.Runtime = cri.NewRuntimeServiceClient(n.conn)
 	n.Images = cri.NewImageServiceClient(n.conn)
+	if err := n.startContainerd(ctx); err != nil {
+		return nil, err
+	}
+	if err := n.importImages(ctx); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// startContainerd starts the daemon and waits until its CRI answers.
+func (n *Node) startContainerd(ctx context.Context) error {
+	n.cmd = exec.Command(n.containerd, "--config", filepath.Join(n.opts.Dir, "containerd.toml"))
+	n.cmd.Stdout, n.cmd.Stderr = n.logFile, n.logFile
+	n.cmd.Env = append(os.Environ(),
+		"BULKHEAD_CONFIG="+n.ShimConf,
+		"PATH="+strings.Join(append(append([]string{}, n.opts.BinDir...), os.Getenv("PATH")), ":"))
+	n.cmd.Env = append(n.cmd.Env, n.opts.Env...)
+	// containerd must outlive a Ctrl-C of the parent long enough to be
+	// stopped in order; give it its own process group.
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := n.cmd.Start(); err != nil {
+		return fmt.Errorf("start containerd: %w", err)
+	}
+	exited := make(chan struct{})
+	n.exited = exited
+	var waitErr error
+	cmd := n.cmd
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
-		case <-n.exited:
-			return nil, fmt.Errorf("containerd exited: %v (log %s)", waitErr, n.logFile.Name())
+		case <-exited:
+			return fmt.Errorf("containerd exited: %v (log %s)", waitErr, n.logFile.Name())
 		default:
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_, err := n.Runtime.Version(cctx, &cri.VersionRequest{})
 		cancel()
 		if err == nil {
-			break
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("containerd CRI not ready: %v (log %s)", err, n.logFile.Name())
+			return fmt.Errorf("containerd CRI not ready: %v (log %s)", err, n.logFile.Name())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := n.importImages(ctx); err != nil {
-		return nil, err
+}
+
+// RestartContainerd stops containerd (pods and shims keep running, as on a
+// real node) and starts it again on the same state.
+func (n *Node) RestartContainerd(ctx context.Context) error {
+	if n.running() {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.exited:
+		case <-time.After(15 * time.Second):
+			_ = n.cmd.Process.Kill()
+			<-n.exited
+		}
 	}
-	return n, nil
+	return n.startContainerd(ctx)
 }
 
 func writeTemplate(path string, t *template.Template, data any) error {

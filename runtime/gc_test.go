@@ -1,0 +1,86 @@
+package runtime
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
+)
+
+func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.RunscRoot = filepath.Join(dir, "runsc")
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
+	cfg.MIG = MIGConfig{Backend: "mock", MockModel: "a100-80gb", MockGPUs: 1, MockState: filepath.Join(dir, "gpus.json")}
+	cfg.Pipeline.Enabled = false
+	c, err := OpenComponents(context.Background(), cfg, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewPipeline(cfg, c)
+	state := NewStateDir(cfg.StateDir)
+
+	// "alive" still has runsc state; "dead" has none and no shim.
+	if err := os.MkdirAll(filepath.Join(cfg.RunscRoot, "k8s.io"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfg.RunscRoot, "k8s.io", "alive_sandbox:alive.state"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inst := map[string]mig.Instance{}
+	for i, id := range []string{"alive", "dead"} {
+		in, err := c.Backend.Create(0, "2g.20gb", 2*i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inst[id] = in
+		pl := mig.PlacementOf(in, "t", id)
+		res := &Reservation{SandboxID: id, State: StateActive, Tenant: "t", GPU: &pl, Instance: &in}
+		if err := c.Ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := state.Save(&Sandbox{ID: id, Phase: PhaseCreated}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An instance no reservation owns (a crash between create and record).
+	orphan, err := c.Backend.Create(0, "1g.10gb", 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = orphan
+
+	rep, err := p.GC(context.Background(), state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Released) != 1 || rep.Released[0] != "dead" {
+		t.Errorf("released %v, want [dead]", rep.Released)
+	}
+	if len(rep.Records) != 1 || rep.Records[0] != "dead" {
+		t.Errorf("records %v, want [dead]", rep.Records)
+	}
+	if len(rep.Instances) != 1 {
+		t.Errorf("orphan instances destroyed: %v, want 1", rep.Instances)
+	}
+	insts, err := c.Backend.Instances()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(insts) != 1 || insts[0].GI != inst["alive"].GI {
+		t.Errorf("instances after gc: %+v, want only the live one", insts)
+	}
+	ids, _ := state.List()
+	if len(ids) != 1 || ids[0] != "alive" {
+		t.Errorf("records after gc: %v", ids)
+	}
+	// Idempotent.
+	rep, err = p.GC(context.Background(), state)
+	if err != nil || !rep.Empty() {
+		t.Errorf("second gc: %+v, %v", rep, err)
+	}
+}
