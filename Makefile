@@ -16,6 +16,7 @@ help: ## List every target with what it does.
 build: ## Build the shim, the CLI and the webhook into ./bin.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./test/images/netprobe
 
 .PHONY: tools
 tools: ## Install pinned containerd, ctr, runsc, crictl and opa into TOOLS_DIR (cached).

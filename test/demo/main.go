@@ -102,7 +102,7 @@ func run(ctx context.Context) error {
 	}
 
 	say("admitted pods")
-	server := "mkdir -p /www && echo hello from $(hostname) > /www/index.html && exec httpd -f -p 8080 -h /www"
+	server := "exec netprobe serve tcp:8080 udp:9090 udp:4791"
 	coder1, err := d.runPod("coder-1", "agents", nil, server)
 	if err != nil {
 		return err
@@ -118,6 +118,7 @@ func run(ctx context.Context) error {
 	for _, p := range []*pod{coder1, coder2, trainer} {
 		fmt.Printf("    %-18s sandbox %s  IP %-12s  in gVisor\n", p.label, p.id[:12], p.ip)
 	}
+	fmt.Println("    (RoCEv2 needs the tier's RDMA grant on both ends; the untrusted tier has none.)")
 	fmt.Println("    research/trainer asked for a 3g.71gb MIG slice: gVisor cannot use one, and the standard")
 	fmt.Println("    tier's policy answers mig_in_sandbox = whole-gpu, so it holds a whole GPU instead.")
 	dmesg, _ := d.exec(coder1, "dmesg")
@@ -208,12 +209,16 @@ func (d *demo) exec(p *pod, cmd ...string) (string, error) {
 
 func (d *demo) try(from, to *pod, what string) {
 	time.Sleep(200 * time.Millisecond) // let the server start
-	out, _ := d.exec(from, "sh", "-c", "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 "+to.ip+" 8080")
-	if i := strings.Index(out, "hello from"); i >= 0 {
-		fmt.Printf("    %-40s TCP %s:8080  ALLOWED  (%q)\n", what, to.ip, strings.TrimSpace(out[i:]))
-		return
+	fmt.Printf("    %s\n", what)
+	for _, c := range []struct{ mode, port, label string }{
+		{"tcp", ":8080", "TCP 8080"}, {"udp", ":9090", "UDP 9090"}, {"icmp", "", "ICMP echo"}, {"udp", ":4791", "RoCEv2 (UDP 4791)"},
+	} {
+		verdict := "BLOCKED by the fence"
+		if _, err := d.exec(from, "netprobe", c.mode, to.ip+c.port); err == nil {
+			verdict = "allowed"
+		}
+		fmt.Printf("      %-18s %s -> %s  %s\n", c.label, from.ip, to.ip, verdict)
 	}
-	fmt.Printf("    %-40s TCP %s:8080  BLOCKED by the fence\n", what, to.ip)
 }
 
 func (d *demo) status() error {

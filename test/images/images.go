@@ -38,8 +38,17 @@ const DefaultBusybox = "/bin/busybox"
 // epoch makes the images reproducible: the same busybox gives the same digests.
 var epoch = time.Unix(0, 0).UTC()
 
-// Build writes both images into one docker-archive tar at out.
-func Build(busybox, out string) error {
+// File is an extra file for the workload image.
+type File struct {
+	// Path is where the file lands in the image, e.g. "bin/netprobe".
+	Path string
+	// Source is the file on the host.
+	Source string
+}
+
+// Build writes both images into one docker-archive tar at out; extras are
+// added to both.
+func Build(busybox, out string, extras ...File) error {
 	bin, err := os.ReadFile(busybox)
 	if err != nil {
 		return fmt.Errorf("busybox %s: %w (install Debian's busybox-static)", busybox, err)
@@ -48,7 +57,7 @@ func Build(busybox, out string) error {
 	if err != nil {
 		return err
 	}
-	layerTar, err := busyboxLayer(bin, applets)
+	layerTar, err := busyboxLayer(bin, applets, extras)
 	if err != nil {
 		return err
 	}
@@ -89,7 +98,7 @@ func listApplets(busybox string) ([]string, error) {
 
 // busyboxLayer is a root filesystem with /bin/busybox, a symlink per applet
 // and the directories programs expect.
-func busyboxLayer(bin []byte, applets []string) ([]byte, error) {
+func busyboxLayer(bin []byte, applets []string, extras []File) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, dir := range []string{"bin/", "dev/", "etc/", "proc/", "sys/", "tmp/", "var/", "root/"} {
@@ -109,6 +118,19 @@ func busyboxLayer(bin []byte, applets []string) ([]byte, error) {
 	}
 	for _, a := range applets {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777, ModTime: epoch}); err != nil {
+			return nil, err
+		}
+	}
+	for _, x := range extras {
+		data, err := os.ReadFile(x.Source)
+		if err != nil {
+			return nil, fmt.Errorf("image file %s: %w", x.Path, err)
+		}
+		name := strings.TrimPrefix(x.Path, "/")
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755, Size: int64(len(data)), ModTime: epoch}); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(data); err != nil {
 			return nil, err
 		}
 	}

@@ -322,7 +322,12 @@ func writeTemplate(path string, t *template.Template, data any) error {
 
 func (n *Node) importImages(ctx context.Context) error {
 	tar := filepath.Join(n.opts.Dir, "images.tar")
-	if err := images.Build(n.opts.Busybox, tar); err != nil {
+	var extras []images.File
+	// The network probe, when built, lets tests speak UDP and ICMP.
+	if probe, err := lookPath("netprobe", n.opts.BinDir); err == nil {
+		extras = append(extras, images.File{Path: "bin/netprobe", Source: probe})
+	}
+	if err := images.Build(n.opts.Busybox, tar, extras...); err != nil {
 		return err
 	}
 	ctr, err := lookPath("ctr", n.opts.BinDir)
