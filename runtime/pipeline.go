@@ -417,33 +417,57 @@ func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.S
 	if err := p.fail(StepGPU); err != nil {
 		return err
 	}
-	var visible string
+	var inst *mig.Instance
+	var info mig.GPUInfo
+	infos, err := p.backend.GPUs()
+	if err != nil {
+		return err
+	}
+	for _, g := range infos {
+		if g.Index == res.GPU.GPU {
+			info = g
+		}
+	}
+	visible := info.UUID
 	if res.GPU.Profile != mig.WholeGPUProfile {
-		inst, err := p.backend.Create(res.GPU.GPU, res.GPU.Profile, res.GPU.Start)
+		in, err := p.backend.Create(res.GPU.GPU, res.GPU.Profile, res.GPU.Start)
 		if err != nil {
 			return fmt.Errorf("gpu %d: create %s at %d: %w", res.GPU.GPU, res.GPU.Profile, res.GPU.Start, err)
 		}
-		res.Instance = &inst
+		inst = &in
+		res.Instance = inst
 		if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
 			return err
 		}
-		visible = inst.UUID
-	} else {
-		infos, err := p.backend.GPUs()
-		if err != nil {
-			return err
-		}
-		for _, g := range infos {
-			if g.Index == res.GPU.GPU {
-				visible = g.UUID
-			}
-		}
+		visible = in.UUID
 	}
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
 	spec.Annotations["bulkhead.dev/gpu-placement"] = res.GPU.String()
-	return mig.ApplySpecOpts(spec, mig.WithVisibleDevices(visible))
+	opts := []mig.SpecOpt{mig.WithVisibleDevices(visible)}
+	// Device nodes exist only where the NVIDIA driver is loaded; the mock
+	// backend has none, and the sandbox gets the placement and the UUID.
+	if majors, err := mig.ParseProcDevices(p.procDevices()); err == nil && majors.Nvidia != 0 {
+		if inst != nil {
+			minors, err := mig.ParseMIGMinors(mig.DefaultMIGMinorsPath)
+			if err != nil {
+				return fmt.Errorf("gpu %d: %w", res.GPU.GPU, err)
+			}
+			opts = append(opts, mig.WithMIGDevice(majors, minors, *inst))
+		} else {
+			opts = append(opts, mig.WithEdits(mig.ControlEdits(majors).Merge(mig.WholeGPUEdits(majors, info))))
+		}
+	}
+	return mig.ApplySpecOpts(spec, opts...)
+}
+
+// procDevices is where the driver's character-device majors are listed.
+func (p *Pipeline) procDevices() string {
+	if p.cfg.MIG.Backend == "mock" {
+		return "" // the mock has no driver; never pick up a real one
+	}
+	return "/proc/devices"
 }
 
 // Activate fences the running sandbox's network and marks the reservation

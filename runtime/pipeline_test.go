@@ -1,0 +1,160 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
+)
+
+const testTenants = `{"bulkhead": {"tenants": {
+  "agents":   {"tier": "untrusted", "namespaces": ["agents"], "quota": {"sandboxes": 2, "gpu_slices": 3, "memory": "8Gi"}},
+  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 10, "gpu_slices": 14, "memory": "64Gi"}}
+}}}`
+
+// testPipeline is the real pipeline on the default bundle, a real ledger
+// and a mock H200 node, without the fence (no root needed).
+func testPipeline(t *testing.T) *Pipeline {
+	t.Helper()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "tenants.json")
+	if err := os.WriteFile(data, []byte(testTenants), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bundle, err := filepath.Abs("../rego")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.RunscRoot = filepath.Join(dir, "runsc")
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
+	cfg.Policy = PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
+	cfg.MIG = MIGConfig{Backend: "mock", MockModel: "h200", MockGPUs: 2, MockState: filepath.Join(dir, "gpus.json")}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := OpenPipeline(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func sandboxSpec(ns, name string, ann map[string]string) (*Sandbox, *specs.Spec) {
+	spec := &specs.Spec{Annotations: map[string]string{
+		AnnotationContainerType: "sandbox", AnnotationSandboxNamespace: ns, AnnotationSandboxName: name,
+	}}
+	for k, v := range ann {
+		spec.Annotations[k] = v
+	}
+	sb := SandboxFromSpec(ns+"-"+name, "/bundle", spec, DefaultConfig())
+	sb.CreatedAt = time.Now()
+	return sb, spec
+}
+
+func TestAdmitDecidesReservesAndReleases(t *testing.T) {
+	p := testPipeline(t)
+	ctx := context.Background()
+	tests := []struct {
+		ns, name string
+		ann      map[string]string
+		wantErr  []string // substrings of the refusal; nil means admitted
+		check    func(t *testing.T, r *Reservation, spec *specs.Spec)
+	}{
+		{ns: "nowhere", name: "x", wantErr: []string{"nowhere/x", "tenant.unknown_namespace"}},
+		{ns: "agents", name: "bad", ann: map[string]string{AnnotationGPUCount: "two", AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{AnnotationGPUCount, "positive integer"}},
+		{ns: "agents", name: "mig", ann: map[string]string{AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{"tenant agents", "gpu.mig_in_gvisor", "nvidia-caps"}},
+		{ns: "agents", name: "whole", ann: map[string]string{AnnotationGPUProfile: "whole"}, wantErr: []string{"tenant agents"}},
+		{ns: "agents", name: "a1", check: func(t *testing.T, r *Reservation, _ *specs.Spec) {
+			if r.Tenant != "agents" || r.Tier != "untrusted" || r.State != StateReserved || r.GPU != nil {
+				t.Errorf("reservation %+v", r)
+			}
+		}},
+		{ns: "research", name: "r1", ann: map[string]string{AnnotationGPUProfile: "3g.71gb"}, check: func(t *testing.T, r *Reservation, spec *specs.Spec) {
+			if r.GPU == nil || r.GPU.Profile != mig.WholeGPUProfile || r.GPUSlices() != 7 {
+				t.Errorf("standard tier MIG request in gVisor: placement %+v, want the whole-GPU fallback", r.GPU)
+			}
+			var env string
+			if spec.Process != nil {
+				env = strings.Join(spec.Process.Env, " ")
+			}
+			if !strings.Contains(env, "NVIDIA_VISIBLE_DEVICES=GPU-") || spec.Annotations["bulkhead.dev/gpu-placement"] == "" {
+				t.Errorf("GPU not injected: env %q annotations %v", env, spec.Annotations)
+			}
+		}},
+		{ns: "agents", name: "a2"},
+		{ns: "agents", name: "a3", wantErr: []string{"quota.sandboxes", "agents"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.ns+"/"+tt.name, func(t *testing.T) {
+			sb, spec := sandboxSpec(tt.ns, tt.name, tt.ann)
+			r, err := p.Admit(ctx, sb, spec)
+			if tt.wantErr != nil {
+				var refused *RefusedError
+				if !errors.As(err, &refused) {
+					t.Fatalf("Admit = %v, want a refusal", err)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("refusal %q lacks %q", err, w)
+					}
+				}
+				// Nothing is reserved for a refused pod.
+				_ = p.ledger.View(func(tx *LedgerTx) error {
+					if got, _ := tx.Get(sb.ID); got != nil {
+						t.Errorf("refused pod left reservation %+v", got)
+					}
+					return nil
+				})
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.check != nil {
+				tt.check(t, r, spec)
+			}
+		})
+	}
+	// Release gives everything back; releasing twice is harmless.
+	for _, id := range []string{"agents-a1", "agents-a2", "research-r1", "research-r1"} {
+		if err := p.Release(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = p.ledger.View(func(tx *LedgerTx) error {
+		all, _ := tx.List()
+		if len(all) != 0 {
+			t.Errorf("ledger after release: %d reservations", len(all))
+		}
+		return nil
+	})
+}
+
+func TestAdmitInjectedFailuresUnwind(t *testing.T) {
+	p := testPipeline(t)
+	for _, step := range []string{StepDecide, StepReserve, StepGPU} {
+		p.failAt = step
+		sb, spec := sandboxSpec("research", "f-"+step, map[string]string{AnnotationGPUProfile: "1g.18gb"})
+		if _, err := p.Admit(context.Background(), sb, spec); err == nil || !strings.Contains(err.Error(), "injected failure") {
+			t.Fatalf("step %s: Admit = %v", step, err)
+		}
+		_ = p.ledger.View(func(tx *LedgerTx) error {
+			if all, _ := tx.List(); len(all) != 0 {
+				t.Errorf("step %s left %d reservations", step, len(all))
+			}
+			return nil
+		})
+		if insts, _ := p.backend.Instances(); len(insts) != 0 {
+			t.Errorf("step %s left MIG instances %+v", step, insts)
+		}
+	}
+}
