@@ -296,16 +296,22 @@ func (n *Node) startContainerd(ctx context.Context) error {
 // RestartContainerd stops containerd (pods and shims keep running, as on a
 // real node) and starts it again on the same state.
 func (n *Node) RestartContainerd(ctx context.Context) error {
-	if n.running() {
-		_ = n.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-n.exited:
-		case <-time.After(15 * time.Second):
-			_ = n.cmd.Process.Kill()
-			<-n.exited
-		}
-	}
+	n.stopContainerd()
 	return n.startContainerd(ctx)
+}
+
+// stopContainerd sends SIGTERM and waits, killing after 15 seconds.
+func (n *Node) stopContainerd() {
+	if !n.running() {
+		return
+	}
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.exited:
+	case <-time.After(15 * time.Second):
+		_ = n.cmd.Process.Kill()
+		<-n.exited
+	}
 }
 
 func writeTemplate(path string, t *template.Template, data any) error {
@@ -376,15 +382,7 @@ func (n *Node) Stop(ctx context.Context) {
 	if n.conn != nil {
 		n.conn.Close()
 	}
-	if n.running() {
-		_ = n.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-n.exited:
-		case <-time.After(15 * time.Second):
-			_ = n.cmd.Process.Kill()
-			<-n.exited
-		}
-	}
+	n.stopContainerd()
 	KillUnder(n.opts.Dir)
 	UnmountUnder(n.opts.Dir)
 	_ = exec.Command("ip", "link", "del", n.opts.Bridge).Run()
