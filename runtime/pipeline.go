@@ -25,9 +25,9 @@ import (
 // Pod annotations a pod author may set to ask for resources. They are
 // requests, never identity.
 const (
-	AnnotationGPUProfile = "bulkhead.dev/gpu-profile"
-	AnnotationGPUCount   = "bulkhead.dev/gpu-count"
-	AnnotationRDMA       = "bulkhead.dev/rdma"
+	AnnotationGPUProfile = policy.AnnotationGPUProfile
+	AnnotationGPUCount   = policy.AnnotationGPUCount
+	AnnotationRDMA       = policy.AnnotationRDMA
 	// AnnotationSandboxMemory is containerd's total memory limit of the pod.
 	AnnotationSandboxMemory = "io.kubernetes.cri.sandbox-memory"
 )
@@ -215,24 +215,21 @@ func (p *Pipeline) Input(sb *Sandbox, spec *specs.Spec) (policy.Input, error) {
 		}
 		in.Request.MemoryBytes = mem
 	}
-	if prof := sb.Annotations[AnnotationGPUProfile]; prof != "" {
-		count := 1
-		if v := sb.Annotations[AnnotationGPUCount]; v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return in, fmt.Errorf("annotation %s: %q must be a positive integer", AnnotationGPUCount, v)
-			}
-			count = n
-		}
-		in.Request.GPU = &policy.GPURequest{Profile: prof, Count: count}
+	ann, err := policy.ParseAnnotations(sb.Annotations)
+	if err != nil {
+		return in, err
 	}
-	if v := sb.Annotations[AnnotationRDMA]; v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return in, fmt.Errorf("annotation %s: %q must be true or false", AnnotationRDMA, v)
+	switch {
+	case ann.Profile != "":
+		count := ann.Count
+		if count == 0 {
+			count = 1
 		}
-		in.Request.RDMA = b
+		in.Request.GPU = &policy.GPURequest{Profile: ann.Profile, Count: count}
+	case ann.Count != 0:
+		return in, fmt.Errorf("annotation %s: needs %s", AnnotationGPUCount, AnnotationGPUProfile)
 	}
+	in.Request.RDMA = ann.RDMA
 	return in, nil
 }
 

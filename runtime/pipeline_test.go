@@ -70,7 +70,7 @@ func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 		check    func(t *testing.T, r *Reservation, spec *specs.Spec)
 	}{
 		{ns: "nowhere", name: "x", wantErr: []string{"nowhere/x", "tenant.unknown_namespace"}},
-		{ns: "agents", name: "bad", ann: map[string]string{AnnotationGPUCount: "two", AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{AnnotationGPUCount, "positive integer"}},
+		{ns: "agents", name: "bad", ann: map[string]string{AnnotationGPUCount: "two", AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{AnnotationGPUCount, "integer from 1 to 64"}},
 		{ns: "agents", name: "mig", ann: map[string]string{AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{"tenant agents", "gpu.mig_in_gvisor", "nvidia-caps"}},
 		{ns: "agents", name: "whole", ann: map[string]string{AnnotationGPUProfile: "whole"}, wantErr: []string{"tenant agents"}},
 		{ns: "agents", name: "a1", check: func(t *testing.T, r *Reservation, _ *specs.Spec) {

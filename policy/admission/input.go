@@ -3,8 +3,6 @@ package admission
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -19,11 +17,11 @@ import (
 // Annotations a pod author may set. They are requests, never identity.
 const (
 	// AnnotationGPUProfile names a MIG profile such as "1g.18gb", or "whole".
-	AnnotationGPUProfile = "bulkhead.dev/gpu-profile"
+	AnnotationGPUProfile = policy.AnnotationGPUProfile
 	// AnnotationGPUCount is the number of slices (or whole GPUs); default 1.
-	AnnotationGPUCount = "bulkhead.dev/gpu-count"
+	AnnotationGPUCount = policy.AnnotationGPUCount
 	// AnnotationRDMA asks for the tenant's own RDMA VF ("true"/"false").
-	AnnotationRDMA = "bulkhead.dev/rdma"
+	AnnotationRDMA = policy.AnnotationRDMA
 )
 
 // Resource names read from container limits.
@@ -33,12 +31,10 @@ const (
 )
 
 // maxGPUCount bounds bulkhead.dev/gpu-count: no node has more slices.
-const maxGPUCount = 64
+const maxGPUCount = policy.MaxGPUCount
 
 // ProfileWhole is the GPU profile of a full, non-MIG GPU.
-const ProfileWhole = "whole"
-
-var profilePattern = regexp.MustCompile(`^(whole|[1-8]g\.[0-9]+gb(\+[a-z0-9]+)?(\.[a-z0-9-]+)?)$`)
+const ProfileWhole = policy.ProfileWhole
 
 // Supported kinds: the pod itself and every built-in workload with a pod template.
 var (
@@ -246,22 +242,12 @@ func requestOf(annotations map[string]string, spec corev1.PodSpec) (policy.Reque
 		return req, err
 	}
 
-	profile, hasProfile := annotations[AnnotationGPUProfile]
-	countText, hasCount := annotations[AnnotationGPUCount]
-	count := 0
-	if hasCount {
-		n, err := strconv.Atoi(strings.TrimSpace(countText))
-		if err != nil || n < 1 || n > maxGPUCount {
-			return req, fmt.Errorf("annotation %s: must be an integer from 1 to %d, got %q", AnnotationGPUCount, maxGPUCount, countText)
-		}
-		count = n
+	ann, err := policy.ParseAnnotations(annotations)
+	if err != nil {
+		return req, err
 	}
-	if hasProfile {
-		profile = strings.TrimSpace(profile)
-		if !profilePattern.MatchString(profile) {
-			return req, fmt.Errorf("annotation %s: must be %q or a MIG profile such as \"1g.18gb\", got %q", AnnotationGPUProfile, ProfileWhole, annotations[AnnotationGPUProfile])
-		}
-	}
+	profile, hasProfile := ann.Profile, ann.Profile != ""
+	count, hasCount := ann.Count, ann.Count != 0
 	switch {
 	case migProfile != "" && gpus > 0:
 		return req, fmt.Errorf("resources: %s and %s%s both requested; ask for one kind of GPU", resourceGPU, resourceMIGPrefix, migProfile)
@@ -293,13 +279,7 @@ func requestOf(annotations map[string]string, spec corev1.PodSpec) (policy.Reque
 		req.GPU = &policy.GPURequest{Profile: profile, Count: count}
 	}
 
-	if text, ok := annotations[AnnotationRDMA]; ok {
-		b, err := strconv.ParseBool(strings.TrimSpace(text))
-		if err != nil {
-			return req, fmt.Errorf("annotation %s: must be \"true\" or \"false\", got %q", AnnotationRDMA, text)
-		}
-		req.RDMA = b
-	}
+	req.RDMA = ann.RDMA
 	return req, nil
 }
 
@@ -330,7 +310,7 @@ func migResources(spec corev1.PodSpec) (string, int64, error) {
 	if err != nil || profile == "" {
 		return "", 0, err
 	}
-	if !profilePattern.MatchString(profile) {
+	if !policy.IsGPUProfile(profile) {
 		return "", 0, fmt.Errorf("resources: %s%s is not a MIG profile", resourceMIGPrefix, profile)
 	}
 	count = effectiveLimit(spec, func(c corev1.Container) int64 {
