@@ -47,6 +47,8 @@ type Config struct {
 	MIG MIGConfig `toml:"mig"`
 	// Netpol configures the eBPF tenant fence.
 	Netpol NetpolConfig `toml:"netpol"`
+	// RDMA names each tenant's own RDMA virtual function devices.
+	RDMA RDMAConfig `toml:"rdma"`
 	// Debug turns on debug logging in the shim and runsc.
 	Debug bool `toml:"debug"`
 	// LogDir, when set, receives runsc's debug logs (one directory per sandbox).
@@ -102,6 +104,14 @@ type MIGConfig struct {
 	// MockState is the file the mock node keeps its instances in, shared by
 	// every shim on the node.
 	MockState string `toml:"mock_state"`
+}
+
+// RDMAConfig names the RDMA devices each tenant owns. Hardware RDMA
+// bypasses every packet hook, so it is fenced by device access: a pod keeps
+// only its tenant's VF nodes, and only when the policy grants RDMA.
+type RDMAConfig struct {
+	// TenantVFs maps a tenant to its VF device nodes under /dev/infiniband.
+	TenantVFs map[string][]string `toml:"tenant_vfs"`
 }
 
 // NetpolConfig configures the eBPF tenant fence.
@@ -243,6 +253,13 @@ func (c Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("mig.backend: %q is not one of none, mock, nvml", c.MIG.Backend)
+	}
+	for tenant, devs := range c.RDMA.TenantVFs {
+		for i, d := range devs {
+			if !strings.HasPrefix(d, "/dev/infiniband/") {
+				return fmt.Errorf("rdma.tenant_vfs.%s[%d]: %q must be under /dev/infiniband", tenant, i, d)
+			}
+		}
 	}
 	if _, err := c.Netpol.cluster(); err != nil {
 		return err

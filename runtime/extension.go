@@ -16,6 +16,8 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
+
+	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 )
 
 // RequestAnnotationPrefix marks pod annotations that are requests to
@@ -99,6 +101,15 @@ func (p *PodExtension) create(ctx context.Context, r *task.CreateTaskRequest, ne
 		return nil, fmt.Errorf("container %s: no sandbox in this shim yet", r.ID)
 	}
 	if !isSandbox {
+		if p.pipeline != nil {
+			// Every container loses RDMA devices its tenant was not granted.
+			if err := rdma.SpecOpt(p.pipeline.RDMAGrant(p.sandbox))(spec); err != nil {
+				return nil, fmt.Errorf("container %s: %w", r.ID, err)
+			}
+			if err := writeSpec(r.Bundle, spec); err != nil {
+				return nil, err
+			}
+		}
 		if err := p.setOptions(r); err != nil {
 			return nil, err
 		}
@@ -185,6 +196,9 @@ func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequ
 		}
 		p.reservation = res
 		sb.Tenant = res.Tenant
+		if err := rdma.SpecOpt(p.pipeline.RDMAGrant(sb))(spec); err != nil {
+			return nil, err
+		}
 		if err := writeSpec(r.Bundle, spec); err != nil {
 			return nil, err
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
 	"github.com/bulkhead-runtime/bulkhead/netpol"
+	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
@@ -465,6 +466,16 @@ func (p *Pipeline) procDevices() string {
 		return "" // the mock has no driver; never pick up a real one
 	}
 	return "/proc/devices"
+}
+
+// RDMAGrant is the RDMA device fence for the pod's containers: nothing
+// unless the policy grants RDMA on the tenant's own VF and the pod asked.
+func (p *Pipeline) RDMAGrant(sb *Sandbox) rdma.Grant {
+	d := sb.decision
+	if d == nil || d.RDMA != policy.RDMAOwnVF || sb.Annotations[AnnotationRDMA] != "true" {
+		return rdma.Grant{}
+	}
+	return rdma.Grant{Allowed: true, Devices: p.cfg.RDMA.TenantVFs[d.Tenant]}
 }
 
 // Activate fences the running sandbox's network and marks the reservation

@@ -158,3 +158,36 @@ func TestAdmitInjectedFailuresUnwind(t *testing.T) {
 		}
 	}
 }
+
+func TestRDMAGrantFollowsPolicyAndRequest(t *testing.T) {
+	p := testPipeline(t)
+	p.cfg.RDMA.TenantVFs = map[string][]string{"research": {"/dev/infiniband/uverbs3"}}
+	ctx := context.Background()
+	for _, tt := range []struct {
+		ns, name, rdma string
+		want           bool
+	}{
+		{"research", "asks", "true", true}, // standard tier: own-vf
+		{"research", "silent", "", false},  // not asked
+		{"agents", "asks", "true", false},  // untrusted: deny (the policy may refuse outright)
+	} {
+		ann := map[string]string{}
+		if tt.rdma != "" {
+			ann[AnnotationRDMA] = tt.rdma
+		}
+		sb, spec := sandboxSpec(tt.ns, tt.name, ann)
+		if _, err := p.Admit(ctx, sb, spec); err != nil {
+			if tt.want {
+				t.Fatalf("%s/%s: %v", tt.ns, tt.name, err)
+			}
+			continue
+		}
+		g := p.RDMAGrant(sb)
+		if g.Allowed != tt.want {
+			t.Errorf("%s/%s: grant %+v, want allowed=%v", tt.ns, tt.name, g, tt.want)
+		}
+		if g.Allowed && (len(g.Devices) != 1 || g.Devices[0] != "/dev/infiniband/uverbs3") {
+			t.Errorf("%s/%s: devices %v, want the tenant's VF", tt.ns, tt.name, g.Devices)
+		}
+	}
+}
