@@ -133,7 +133,7 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 		}
 		eng, err := policy.Open(ctx, opts)
 		if err != nil {
-			return c, fmt.Errorf("policy: %w", err)
+			return c, err // the engine names the bundle and the rule
 		}
 		c.Decider = eng
 	}

@@ -2,6 +2,10 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"os"
 	"path/filepath"
@@ -190,4 +194,34 @@ func TestRDMAGrantFollowsPolicyAndRequest(t *testing.T) {
 			t.Errorf("%s/%s: devices %v, want the tenant's VF", tt.ns, tt.name, g.Devices)
 		}
 	}
+}
+
+// A node configured to verify bundles refuses to place pods with an
+// unsigned one: the pipeline does not open, so the shim refuses the pod.
+func TestPipelineRefusesUnsignedBundle(t *testing.T) {
+	dir := t.TempDir()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bundle, _ := filepath.Abs("../rego")
+	cfg := DefaultConfig()
+	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
+	cfg.Policy = PolicyConfig{Bundle: bundle, KeyFile: keyFile, KeyID: "bulkhead", Scope: "bulkhead"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = OpenPipeline(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "policy") {
+		t.Fatalf("OpenPipeline with an unsigned bundle = %v, want a policy verification error", err)
+	}
+	t.Logf("refused: %v", err)
 }
