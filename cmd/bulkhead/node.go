@@ -1,6 +1,8 @@
 package main
 
 import (
+	"archive/tar"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"flag"
@@ -8,6 +10,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -148,15 +151,19 @@ func nodeStatus(cfg runtime.Config, c runtime.Components) (*NodeStatus, error) {
 		}
 	}
 	st.Quota = readQuotas(cfg.Policy.Data)
+	if st.Quota == nil {
+		st.Quota = readQuotas(cfg.Policy.Bundle)
+	}
 	return st, nil
 }
 
-// readQuotas reads data.bulkhead.tenants[*].quota from the policy data file.
+// readQuotas reads data.bulkhead.tenants[*].quota from a policy data file,
+// a bundle directory or a bundle .tar.gz.
 func readQuotas(path string) map[string]TenantQuota {
 	if path == "" {
 		return nil
 	}
-	b, err := os.ReadFile(path)
+	b, err := readBundleData(path)
 	if err != nil {
 		return nil
 	}
@@ -175,6 +182,38 @@ func readQuotas(path string) map[string]TenantQuota {
 		out[t] = v.Quota
 	}
 	return out
+}
+
+func readBundleData(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if st.IsDir() {
+		return os.ReadFile(filepath.Join(path, "data.json"))
+	}
+	if !strings.HasSuffix(path, ".tar.gz") {
+		return os.ReadFile(path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, err
+	}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			return nil, err
+		}
+		if strings.TrimPrefix(h.Name, "/") == "data.json" {
+			return io.ReadAll(io.LimitReader(tr, 64<<20))
+		}
+	}
 }
 
 func printStatus(w io.Writer, st *NodeStatus) {

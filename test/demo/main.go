@@ -64,11 +64,11 @@ func run(ctx context.Context) error {
 	}
 	pinDir := fmt.Sprintf("/sys/fs/bpf/bulkhead-demo-%d", os.Getpid())
 	subnet := "10.77.0.0/24"
-	shimConf, err := node.Pipeline{Bundle: bundle, TenantsJSON: tenants, MockModel: "h200", MockGPUs: 2, PinDir: pinDir}.ShimConfig(dir, subnet)
+	shimConf, err := node.Pipeline{Bundle: bundle, TenantsJSON: tenants, MockModel: "h200", MockGPUs: 2, PinDir: pinDir, Signed: true, BinDirs: bins}.ShimConfig(dir, subnet)
 	if err != nil {
 		return err
 	}
-	say("starting a private node in %s: containerd v2.4.2, Bulkhead's shim as handler %q, gVisor,\n    the default policy bundle (rego/), two mock H200 GPUs and the eBPF fence", dir, node.Handler)
+	say("starting a private node in %s: containerd v2.4.2, Bulkhead's shim as handler %q, gVisor,\n    the default policy bundle (rego/) built and signed with `opa build --signing-key` (key id %q,\n    scope %q) and verified by the node, two mock H200 GPUs and the eBPF fence", dir, node.Handler, node.BundleKeyID, node.BundleScope)
 	fmt.Printf("    tenants: agents (tier untrusted, quota 3 sandboxes), research (tier standard)\n")
 	n, err := node.Start(ctx, node.Options{Dir: dir, BinDir: bins, Bridge: "bh-demo0", Subnet: subnet, PipelineEnabled: true, ShimConfig: shimConf})
 	if err != nil {
@@ -118,7 +118,6 @@ func run(ctx context.Context) error {
 	for _, p := range []*pod{coder1, coder2, trainer} {
 		fmt.Printf("    %-18s sandbox %s  IP %-12s  in gVisor\n", p.label, p.id[:12], p.ip)
 	}
-	fmt.Println("    (RoCEv2 needs the tier's RDMA grant on both ends; the untrusted tier has none.)")
 	fmt.Println("    research/trainer asked for a 3g.71gb MIG slice: gVisor cannot use one, and the standard")
 	fmt.Println("    tier's policy answers mig_in_sandbox = whole-gpu, so it holds a whole GPU instead.")
 	dmesg, _ := d.exec(coder1, "dmesg")
@@ -128,6 +127,7 @@ func run(ctx context.Context) error {
 	d.try(coder2, coder1, "agents → agents (same tenant)")
 	d.try(trainer, coder1, "research → agents (across tenants)")
 	d.try(coder1, trainer, "agents → research (across tenants)")
+	fmt.Println("    (RoCEv2 needs the tier's RDMA grant on both ends; the untrusted tier has none.)")
 
 	say("bulkhead node status: usage against quota, GPU layout, fenced endpoints, drop counters")
 	if err := d.status(); err != nil {

@@ -60,7 +60,7 @@ func startPipelineNodeB(t testing.TB) *pipelineNode {
 	}
 	seq := nodeSeq.Load() + 1
 	subnet := fmt.Sprintf("10.%d.%d.0/24", 200+int(seq)%50, os.Getpid()%250)
-	extra, err := node.Pipeline{Bundle: bundle, TenantsJSON: e2eTenants, MockModel: "h200", MockGPUs: 1, PinDir: pn.pinDir}.ShimConfig(dir, subnet)
+	extra, err := node.Pipeline{Bundle: bundle, TenantsJSON: e2eTenants, MockModel: "h200", MockGPUs: 1, PinDir: pn.pinDir, Signed: true, BinDirs: node.BinDirs()}.ShimConfig(dir, subnet)
 	if err != nil {
 		t.Fatal(err)
 	}

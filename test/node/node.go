@@ -72,7 +72,7 @@ func Requirements(binDirs []string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (containerd, runsc, CNI)")
 	}
-	for _, bin := range []string{"containerd", "ctr", "runsc", "containerd-shim-bulkhead-v1"} {
+	for _, bin := range []string{"containerd", "ctr", "runsc", "opa", "containerd-shim-bulkhead-v1"} {
 		if _, err := lookPath(bin, binDirs); err != nil {
 			return fmt.Errorf("needs %s (run `make build tools`)", bin)
 		}
@@ -488,6 +488,11 @@ type Pipeline struct {
 	MockGPUs  int
 	// PinDir is the fence's pin directory on bpffs (private to the node).
 	PinDir string
+	// Signed builds and signs the bundle with the real opa (SignBundle) and
+	// has the node verify it; otherwise the node loads Bundle unverified.
+	Signed bool
+	// BinDirs locate opa when Signed.
+	BinDirs []string
 }
 
 // ShimConfig writes the pipeline's files under dir and returns the TOML
@@ -496,17 +501,24 @@ func (p Pipeline) ShimConfig(dir, subnet string) (string, error) {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return "", err
 	}
-	tenants := filepath.Join(dir, "tenants.json")
-	if err := os.WriteFile(tenants, []byte(p.TenantsJSON), 0o644); err != nil {
-		return "", err
+	var policyConf string
+	if p.Signed {
+		bundle, pub, err := SignBundle(dir, p.Bundle, p.TenantsJSON, p.BinDirs)
+		if err != nil {
+			return "", err
+		}
+		policyConf = fmt.Sprintf("bundle = %q\nkey_file = %q\nkey_id = %q\nscope = %q\n", bundle, pub, BundleKeyID, BundleScope)
+	} else {
+		tenants := filepath.Join(dir, "tenants.json")
+		if err := os.WriteFile(tenants, []byte(p.TenantsJSON), 0o644); err != nil {
+			return "", err
+		}
+		policyConf = fmt.Sprintf("bundle = %q\ninsecure_skip_verification = true\ndata = %q\n", p.Bundle, tenants)
 	}
 	ip, _, _ := strings.Cut(subnet, "/")
 	gw := strings.TrimSuffix(ip, ".0") + ".1"
 	return fmt.Sprintf(`[policy]
-bundle = %q
-insecure_skip_verification = true
-data = %q
-decision_log = %q
+%sdecision_log = %q
 [mig]
 backend = "mock"
 mock_model = %q
@@ -521,6 +533,6 @@ cluster_cidrs = [%q]
 untrusted = ["%s/32"]
 standard = ["%s/32"]
 trusted = ["%s/32"]
-`, p.Bundle, tenants, filepath.Join(dir, "decisions.log"), p.MockModel, p.MockGPUs, filepath.Join(dir, "mock-gpus.json"),
+`, policyConf, filepath.Join(dir, "decisions.log"), p.MockModel, p.MockGPUs, filepath.Join(dir, "mock-gpus.json"),
 		p.PinDir, filepath.Join(dir, "netpol.lock"), subnet, gw, gw, gw), nil
 }
