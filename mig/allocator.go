@@ -154,14 +154,30 @@ const (
 	// after which the GPU can still host the most compute of every
 	// profile, packing used GPUs before empty ones. The default.
 	BestFit Strategy = iota
-	// FirstFit takes the first GPU by index and the first start in NVML
-	// order, as driver auto-placement does. A baseline.
+	// FirstFit takes the first GPU by index and the lowest start that
+	// fits: the usual "first fit" baseline. The driver itself places
+	// differently (see DriverOrder).
 	FirstFit
-	// Spread takes the least used GPU and the first start in NVML order,
-	// as a scheduler scoring GPUs by free capacity (Kubernetes'
-	// LeastAllocated) with driver auto-placement would. A baseline.
+	// Spread takes the least used GPU and the lowest start that fits, as
+	// a scheduler scoring GPUs by free capacity (Kubernetes'
+	// LeastAllocated) with first fit on the GPU would. A baseline.
 	Spread
+	// DriverOrder takes the first GPU by index and, on it, the start the
+	// NVIDIA driver picks when asked for a GPU instance without a
+	// placement, as NVIDIA's MIG user guide shows it: memory-slot pairs
+	// 6-7, 4-5, 0-1, 2-3 in that order, lower slot first within a pair, so
+	// a lone 1g lands at slot 6 and a 2g or 3g at slot 4. A baseline: what
+	// a node agent gets by letting the driver place on the first GPU with
+	// room.
+	DriverOrder
 )
+
+// driverStartRank ranks a start as driver auto-placement tries it (see
+// DriverOrder); lower goes first.
+func driverStartRank(start int) int {
+	pairRank := [MemorySlots / 2]int{2, 3, 1, 0}
+	return pairRank[start/2]*2 + start%2
+}
 
 func (s Strategy) String() string {
 	switch s {
@@ -169,6 +185,8 @@ func (s Strategy) String() string {
 		return "first-fit"
 	case Spread:
 		return "spread"
+	case DriverOrder:
+		return "driver-order"
 	}
 	return "best-fit"
 }
@@ -425,6 +443,9 @@ func (c *choice) better(o *choice, s Strategy) bool {
 	}
 	if c.orderNo != o.orderNo {
 		return c.orderNo < o.orderNo
+	}
+	if s == DriverOrder {
+		return driverStartRank(c.start) < driverStartRank(o.start)
 	}
 	return c.start < o.start
 }

@@ -308,7 +308,7 @@ func TestNewAllocatorRejectsBadInput(t *testing.T) {
 // exactly (the state equals one rebuilt from the remaining placements).
 func TestPropertyRandomSequences(t *testing.T) {
 	for _, model := range Models() {
-		for _, strat := range []Strategy{BestFit, FirstFit, Spread} {
+		for _, strat := range []Strategy{BestFit, FirstFit, Spread, DriverOrder} {
 			t.Run(model+"/"+strat.String(), func(t *testing.T) {
 				m, _ := Model(model)
 				rng := rand.New(rand.NewPCG(uint64(len(model)), uint64(strat)))
@@ -396,6 +396,36 @@ func checkInvariants(t *testing.T, a *Allocator) {
 		}
 		if mask != g.state.slots || compute != g.state.compute {
 			t.Fatalf("gpu%d: state %+v disagrees with placements (mask %08b compute %d)", g.index, g.state, mask, compute)
+		}
+	}
+}
+
+// DriverOrder reproduces the placements NVIDIA's MIG user guide shows for
+// `nvidia-smi mig -cgi` without explicit placements on an A100-40GB,
+// including the documented failure of 19,19,14,9 (the 3g no longer fits).
+func TestDriverOrderMatchesUserGuide(t *testing.T) {
+	tests := []struct {
+		cgi  string
+		want string
+	}{
+		{"3g.20gb 1g.5gb 2g.10gb 1g.5gb", "3g.20gb@4 1g.5gb@0 2g.10gb@2 1g.5gb@1"},
+		{"2g.10gb 1g.5gb 1g.5gb 1g.5gb 1g.5gb 1g.5gb", "2g.10gb@4 1g.5gb@6 1g.5gb@0 1g.5gb@1 1g.5gb@2 1g.5gb@3"},
+		{"1g.5gb 2g.10gb 4g.20gb", "1g.5gb@6 2g.10gb@4 4g.20gb@0"},
+		{"1g.5gb 1g.5gb 2g.10gb 3g.20gb", "1g.5gb@6 1g.5gb@4 2g.10gb@0 refused"},
+	}
+	for _, tt := range tests {
+		a, _ := NewAllocator(NodeGPUs("a100-40gb", 1), nil, WithStrategy(DriverOrder))
+		var got []string
+		for i, prof := range strings.Fields(tt.cgi) {
+			p, err := a.Allocate(Request{Owner: fmt.Sprint(i), Tenant: "t", Profile: prof})
+			if err != nil {
+				got = append(got, "refused")
+				continue
+			}
+			got = append(got, fmt.Sprintf("%s@%d", p.Profile, p.Start))
+		}
+		if strings.Join(got, " ") != tt.want {
+			t.Errorf("-cgi %s: got %s, want %s", tt.cgi, strings.Join(got, " "), tt.want)
 		}
 	}
 }

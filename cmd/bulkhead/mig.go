@@ -107,8 +107,10 @@ func strategyFlag(s string) (mig.Strategy, error) {
 		return mig.FirstFit, nil
 	case "spread":
 		return mig.Spread, nil
+	case "driver-order":
+		return mig.DriverOrder, nil
 	}
-	return 0, fmt.Errorf("--strategy %q: want best-fit, first-fit or spread", s)
+	return 0, fmt.Errorf("--strategy %q: want best-fit, first-fit, driver-order or spread", s)
 }
 
 func migPlan(args []string, stdout, stderr io.Writer) int {
@@ -118,7 +120,7 @@ func migPlan(args []string, stdout, stderr io.Writer) int {
 	request := fs.String("request", "", "comma-separated profiles to place, in order (e.g. 3g.71gb,2g.35gb)")
 	tenant := fs.String("tenant", "default", "tenant of every request")
 	isolation := fs.String("isolation", "", `co-tenancy rule of every request: "", tenant or exclusive`)
-	strategy := fs.String("strategy", "best-fit", "best-fit, first-fit or spread")
+	strategy := fs.String("strategy", "best-fit", "best-fit, first-fit, driver-order or spread")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
 	}
@@ -177,7 +179,10 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 	arrivals := fs.Int("arrivals", 2000, "synthetic: number of requests")
 	load := fs.Float64("load", 1.5, "synthetic: offered compute as a share of the node's (above 1 is overload)")
 	isolated := fs.Float64("isolated", 0, "synthetic: share of requests that keep their GPU to their tenant")
+	mix := fs.String("mix", "mixed", "synthetic: request mix, one of "+strings.Join(simulate.MixNames(), ", "))
+	lifetimes := fs.String("lifetimes", simulate.Exponential, "synthetic: lifetime distribution, "+simulate.Exponential+" or "+simulate.Bimodal)
 	writeTrace := fs.String("write-trace", "", "synthetic: also write the generated trace to this file")
+	seeds := fs.Int("seeds", 1, "synthetic: replay this many traces (seeds SEED, SEED+1, ...) and pool the figures")
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
 	}
@@ -189,11 +194,20 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: --gpus %d: must be 1..64\n", fs.Name(), *gpus)
 		return 2
 	}
+	if *seeds < 1 || *seeds > 1000 || (*seeds > 1 && (*writeTrace != "" || *trace != "")) {
+		fmt.Fprintf(stderr, "%s: --seeds %d: must be 1..1000, and 1 with --trace or --write-trace\n", fs.Name(), *seeds)
+		return 2
+	}
 	if (*seed >= 0) == (*trace != "") {
 		fmt.Fprintf(stderr, "%s: give exactly one of --synthetic SEED and --trace FILE\n", fs.Name())
 		return 2
 	}
-	var events []simulate.Event
+	shares, ok := simulate.Mixes[*mix]
+	if !ok {
+		fmt.Fprintf(stderr, "%s: --mix %q: want one of %s\n", fs.Name(), *mix, strings.Join(simulate.MixNames(), ", "))
+		return 2
+	}
+	var runs [][]simulate.Result
 	source := ""
 	if *trace != "" {
 		f, err := os.Open(*trace)
@@ -201,34 +215,59 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "%s: --trace: %v\n", fs.Name(), err)
 			return 2
 		}
-		events, err = simulate.ParseTrace(f)
+		events, err := simulate.ParseTrace(f)
 		f.Close()
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: --trace %s: %v\n", fs.Name(), *trace, err)
 			return 2
 		}
 		source = "trace " + *trace
-	} else {
-		var err error
-		events, err = simulate.Synthetic(simulate.SyntheticOptions{Model: *gpu, GPUs: *gpus, Seed: uint64(*seed),
-			Arrivals: *arrivals, Load: *load, IsolatedShare: *isolated})
+		results, err := simulate.Compare(events, *gpu, *gpus)
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
 			return 2
 		}
-		source = fmt.Sprintf("synthetic seed %d, %d arrivals, load %.2f, isolated %.2f", *seed, *arrivals, *load, *isolated)
-		if *writeTrace != "" {
-			if err := writeTraceFile(*writeTrace, events); err != nil {
-				fmt.Fprintf(stderr, "%s: --write-trace: %v\n", fs.Name(), err)
+		runs = append(runs, results)
+	} else {
+		skipped := 0
+		for s := *seed; s < *seed+int64(*seeds); s++ {
+			events, err := simulate.Synthetic(simulate.SyntheticOptions{Model: *gpu, GPUs: *gpus, Seed: uint64(s),
+				Arrivals: *arrivals, Load: *load, IsolatedShare: *isolated, Mix: shares, Lifetimes: *lifetimes})
+			if err != nil {
+				fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
 				return 2
 			}
+			if *writeTrace != "" {
+				if err := writeTraceFile(*writeTrace, events); err != nil {
+					fmt.Fprintf(stderr, "%s: --write-trace: %v\n", fs.Name(), err)
+					return 2
+				}
+			}
+			results, err := simulate.Compare(events, *gpu, *gpus)
+			if err != nil {
+				fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
+				return 2
+			}
+			if *gpus <= simulate.MaxExactGPUs && *arrivals <= simulate.MaxExactArrivals && !hasExact(results) {
+				skipped++ // the exact optimum gave up: keep every row on the same traces
+				continue
+			}
+			runs = append(runs, results)
+		}
+		source = fmt.Sprintf("synthetic seed %d, %d arrivals, load %.2f, isolated %.2f, mix %s, %s lifetimes", *seed, *arrivals, *load, *isolated, *mix, *lifetimes)
+		if *seeds > 1 {
+			source = fmt.Sprintf("synthetic seeds %d..%d (%d pooled), %d arrivals each, load %.2f, isolated %.2f, mix %s, %s lifetimes",
+				*seed, *seed+int64(*seeds)-1, len(runs), *arrivals, *load, *isolated, *mix, *lifetimes)
+		}
+		if skipped > 0 {
+			source += fmt.Sprintf("; %d traces skipped: too large for the exact optimum", skipped)
+		}
+		if len(runs) == 0 {
+			fmt.Fprintf(stderr, "%s: every trace was too large for the exact optimum; use fewer arrivals\n", fs.Name())
+			return 1
 		}
 	}
-	results, err := simulate.Compare(events, *gpu, *gpus)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
-		return 2
-	}
+	results := simulate.Pool(runs)
 	fmt.Fprintf(stdout, "%d x %s, %s\n", *gpus, *gpu, source)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STRATEGY\tACCEPTED\tACCEPTANCE\tSERVED COMPUTE\tFRAGMENTATION\tUTILISATION")
@@ -236,19 +275,64 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\n", r.Strategy, r.Accepted, r.Arrivals, pct(r.Acceptance), pct(r.ServedCompute), pct(r.Fragmentation), pct(r.Utilisation))
 	}
 	tw.Flush()
-	if len(results) > 1 && results[1].Acceptance > 0 {
-		fmt.Fprintf(stdout, "best-fit vs first-fit: acceptance x%.3f, served compute x%.3f\n",
-			results[0].Acceptance/results[1].Acceptance, results[0].ServedCompute/results[1].ServedCompute)
-	}
+	printByProfile(stdout, *gpu, results)
+	byName := map[string]simulate.Result{}
 	for _, r := range results {
-		if r.Strategy == "exact optimum" && r.Acceptance > 0 {
-			fmt.Fprintf(stdout, "best-fit vs exact optimum: acceptance x%.3f\n", results[0].Acceptance/r.Acceptance)
+		byName[r.Strategy] = r
+	}
+	best := results[0]
+	for _, base := range []string{"first-fit", "driver-order"} {
+		if b, ok := byName[base]; ok && b.Acceptance > 0 {
+			fmt.Fprintf(stdout, "%s vs %s: acceptance x%.3f, served compute x%.3f\n", best.Strategy, base,
+				best.Acceptance/b.Acceptance, best.ServedCompute/b.ServedCompute)
 		}
 	}
-	if *gpus > simulate.MaxExactGPUs {
+	if r, ok := byName["exact optimum"]; ok && r.Acceptance > 0 {
+		fmt.Fprintf(stdout, "%s vs exact optimum: acceptance x%.3f\n", best.Strategy, best.Acceptance/r.Acceptance)
+	}
+	if r, ok := byName["exact optimum (compute)"]; ok && r.ServedCompute > 0 {
+		fmt.Fprintf(stdout, "%s vs exact optimum (compute): served compute x%.3f\n", best.Strategy, best.ServedCompute/r.ServedCompute)
+	}
+	if !hasExact(results) {
 		fmt.Fprintf(stdout, "exact optimum: skipped (at most %d GPUs and %d arrivals)\n", simulate.MaxExactGPUs, simulate.MaxExactArrivals)
 	}
 	return 0
+}
+
+// printByProfile prints each strategy's acceptance per profile, for the
+// profiles that arrived: what a headline acceptance trades between sizes.
+func printByProfile(w io.Writer, model string, results []simulate.Result) {
+	m, err := mig.Model(model)
+	if err != nil || len(results) == 0 {
+		return
+	}
+	var names []string
+	for _, p := range m.Profiles {
+		if results[0].ByProfile[p.Name].Arrivals > 0 {
+			names = append(names, p.Name)
+		}
+	}
+	fmt.Fprintln(w, "acceptance by profile:")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "STRATEGY\t%s\n", strings.Join(names, "\t"))
+	for _, r := range results {
+		fmt.Fprint(tw, r.Strategy)
+		for _, n := range names {
+			c := r.ByProfile[n]
+			fmt.Fprintf(tw, "\t%s", pct(float64(c.Accepted)/float64(c.Arrivals)))
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+}
+
+func hasExact(results []simulate.Result) bool {
+	for _, r := range results {
+		if r.Strategy == "exact optimum" {
+			return true
+		}
+	}
+	return false
 }
 
 func pct(v float64) string {

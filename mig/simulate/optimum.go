@@ -146,6 +146,7 @@ func RunRepack(events []Event, model string, gpus int) (Result, error) {
 		}
 		relaxed = relaxed || e.Isolation != mig.IsolationShared
 		r.Arrivals++
+		r.arrive(e.Profile)
 		r.requested += m.Profiles[pi].Compute
 		next := v + 1<<(bitsPerProfile*pi)
 		if o.count(v, pi) >= m.Profiles[pi].Instances*gpus || !o.fits(gpus, next) {
@@ -156,6 +157,7 @@ func RunRepack(events []Event, model string, gpus int) (Result, error) {
 		used += m.Profiles[pi].Compute
 		r.served += m.Profiles[pi].Compute
 		r.Accepted++
+		r.accept(e.Profile)
 	}
 	if relaxed {
 		r.Strategy = "repack oracle (isolation relaxed)"

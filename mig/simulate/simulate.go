@@ -1,8 +1,10 @@
 // Package simulate replays arrival/departure traces of MIG slice requests
 // against a node and measures how well a placement strategy packs them:
-// acceptance rate, fragmentation and slice utilisation, for Bulkhead's
-// best-fit, for first-fit in NVML order (driver auto-placement) and for an
-// exact optimum that may repack every slice at every arrival.
+// acceptance rate, served compute, fragmentation and slice utilisation, for
+// Bulkhead's best fit and the baselines (first fit at the lowest start, the
+// driver's own placement order, spreading), against the exact optima of
+// small instances (every placement tried, the future known) and a repack
+// oracle that may move every slice at every arrival.
 //
 // Invariant: every strategy sees the same events in the same order; a
 // request refused by a strategy never departs from it.
@@ -135,6 +137,34 @@ func WriteTrace(w io.Writer, events []Event) error {
 // inference and agent slices, some training-sized ones.
 var DefaultMix = []float64{0.30, 0.02, 0.13, 0.20, 0.15, 0.10, 0.10}
 
+// Mixes are named request mixes (shares per profile shape, as DefaultMix)
+// for measuring how a strategy depends on the workload.
+var Mixes = map[string][]float64{
+	// mixed is DefaultMix.
+	"mixed": DefaultMix,
+	// small: inference and notebook tenants, hardly any whole GPU.
+	"small": {0.45, 0.02, 0.20, 0.20, 0.08, 0.03, 0.02},
+	// large: training tenants, half the requests 4g or 7g.
+	"large": {0.10, 0.00, 0.05, 0.15, 0.20, 0.25, 0.25},
+	// uniform: every shape equally likely.
+	"uniform": {1, 1, 1, 1, 1, 1, 1},
+}
+
+// MixNames lists the keys of Mixes in a fixed order.
+func MixNames() []string { return []string{"mixed", "small", "large", "uniform"} }
+
+// Lifetime distributions of synthetic requests.
+const (
+	// Exponential lifetimes: one mean, coefficient of variation 1.
+	Exponential = "exponential"
+	// Bimodal lifetimes: 80% short requests (mean a quarter of the
+	// overall mean) and 20% long ones (four times it), each exponential.
+	// Same mean, so the same offered load, with a coefficient of
+	// variation of about 2.3: mixed tenants run short inference and CI
+	// jobs next to long-lived services and training.
+	Bimodal = "bimodal"
+)
+
 // SyntheticOptions shape a synthetic trace.
 type SyntheticOptions struct {
 	// Model is the GPU model whose profile names the trace uses.
@@ -155,6 +185,8 @@ type SyntheticOptions struct {
 	IsolatedShare float64
 	// Mix overrides DefaultMix.
 	Mix []float64
+	// Lifetimes is Exponential (default) or Bimodal.
+	Lifetimes string
 }
 
 // Synthetic generates a Poisson arrival trace with exponential lifetimes.
@@ -178,6 +210,9 @@ func Synthetic(o SyntheticOptions) ([]Event, error) {
 	if o.Mix == nil {
 		o.Mix = DefaultMix
 	}
+	if o.Lifetimes == "" {
+		o.Lifetimes = Exponential
+	}
 	switch {
 	case o.Arrivals < 1:
 		return nil, fmt.Errorf("synthetic: arrivals %d: must be positive", o.Arrivals)
@@ -185,6 +220,8 @@ func Synthetic(o SyntheticOptions) ([]Event, error) {
 		return nil, fmt.Errorf("synthetic: load %g: must be positive", o.Load)
 	case o.IsolatedShare < 0 || o.IsolatedShare > 1:
 		return nil, fmt.Errorf("synthetic: isolated share %g: must be 0..1", o.IsolatedShare)
+	case o.Lifetimes != Exponential && o.Lifetimes != Bimodal:
+		return nil, fmt.Errorf("synthetic: lifetimes %q: want %s or %s", o.Lifetimes, Exponential, Bimodal)
 	case len(o.Mix) != len(m.Profiles):
 		return nil, fmt.Errorf("synthetic: mix has %d shares, %s has %d profiles", len(o.Mix), m.Name, len(m.Profiles))
 	}
@@ -203,6 +240,7 @@ func Synthetic(o SyntheticOptions) ([]Event, error) {
 	// Arrival rate 1: Little's law gives the mean lifetime for the load.
 	meanLife := o.Load * float64(mig.ComputeSlices*o.GPUs) / meanCompute
 	rng := rand.New(rand.NewPCG(o.Seed, 0x6d6967))
+	lifeRng := rand.New(rand.NewPCG(o.Seed, 0x6c696665))
 	var events []Event
 	t := 0.0
 	for i := 0; i < o.Arrivals; i++ {
@@ -216,7 +254,17 @@ func Synthetic(o SyntheticOptions) ([]Event, error) {
 		if rng.Float64() < o.IsolatedShare {
 			e.Isolation = mig.IsolationTenant
 		}
-		events = append(events, e, Event{Time: t + rng.ExpFloat64()*meanLife, Kind: Depart, ID: e.ID})
+		life := meanLife
+		if o.Lifetimes == Bimodal {
+			// A separate stream: both models share arrivals,
+			// profiles, tenants and draws for a seed.
+			if lifeRng.Float64() < 0.8 {
+				life = meanLife / 4
+			} else {
+				life = meanLife * 4
+			}
+		}
+		events = append(events, e, Event{Time: t + rng.ExpFloat64()*life, Kind: Depart, ID: e.ID})
 	}
 	sort.SliceStable(events, func(i, j int) bool {
 		if events[i].Time != events[j].Time {
@@ -242,10 +290,34 @@ type Result struct {
 	served        int
 	// Fragmentation is the mean, over arrivals and over GPUs with free
 	// compute, of 1 - (largest profile that still fits / free compute).
-	// NaN where placements are not tracked (the optimum).
+	// NaN where placements are not tracked (the repack oracle).
 	Fragmentation float64
 	// Utilisation is the time-averaged share of compute slices in use.
 	Utilisation float64
+	// ByProfile counts arrivals and acceptances per profile name: where a
+	// strategy's acceptance comes from (protecting room for large slices
+	// costs small ones, and counting requests rewards the opposite).
+	ByProfile map[string]Count
+}
+
+// Count is the arrivals and acceptances of one profile.
+type Count struct {
+	Arrivals, Accepted int
+}
+
+func (r *Result) arrive(profile string) {
+	if r.ByProfile == nil {
+		r.ByProfile = map[string]Count{}
+	}
+	c := r.ByProfile[profile]
+	c.Arrivals++
+	r.ByProfile[profile] = c
+}
+
+func (r *Result) accept(profile string) {
+	c := r.ByProfile[profile]
+	c.Accepted++
+	r.ByProfile[profile] = c
 }
 
 // Run replays events on a node of gpus GPUs with a strategy.
@@ -270,6 +342,7 @@ func Run(events []Event, model string, gpus int, s mig.Strategy) (Result, error)
 			continue
 		}
 		r.Arrivals++
+		r.arrive(e.Profile)
 		if prof, err := profileOf(model, e.Profile); err == nil {
 			r.requested += prof.Compute
 		}
@@ -284,6 +357,7 @@ func Run(events []Event, model string, gpus int, s mig.Strategy) (Result, error)
 			continue
 		}
 		r.Accepted++
+		r.accept(e.Profile)
 		r.served += p.Compute
 		accepted[e.ID] = p.Compute
 		used += p.Compute
@@ -326,24 +400,29 @@ func fragmentation(a *mig.Allocator) (float64, int) {
 	return sum, n
 }
 
-// Compare runs best-fit, first-fit and spread over the same events, then
-// the exact optimum when the instance is small enough (see RunExact), and
-// the repack oracle when the node is (see RunRepack).
+// Strategies are the strategies Compare replays, Bulkhead's first.
+var Strategies = []mig.Strategy{mig.BestFit, mig.FirstFit, mig.DriverOrder, mig.Spread}
+
+// Compare runs Strategies over the same events, then the exact optima
+// (requests and compute) when the instance is small enough (see RunExact),
+// and the repack oracle when the node is (see RunRepack).
 func Compare(events []Event, model string, gpus int) ([]Result, error) {
 	var out []Result
-	for _, s := range []mig.Strategy{mig.BestFit, mig.FirstFit, mig.Spread} {
+	for _, s := range Strategies {
 		r, err := Run(events, model, gpus, s)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, r)
 	}
-	r, err := RunExact(events, model, gpus)
-	switch {
-	case err == nil:
-		out = append(out, r)
-	case !errors.Is(err, ErrTooLarge):
-		return nil, err
+	for _, exact := range []func([]Event, string, int) (Result, error){RunExact, RunExactCompute} {
+		r, err := exact(events, model, gpus)
+		switch {
+		case err == nil:
+			out = append(out, r)
+		case !errors.Is(err, ErrTooLarge):
+			return nil, err
+		}
 	}
 	if gpus <= MaxRepackGPUs {
 		r, err := RunRepack(events, model, gpus)
@@ -363,4 +442,57 @@ func profileOf(model, name string) (*mig.Profile, error) {
 		return nil, err
 	}
 	return m.Profile(name)
+}
+
+// Pool merges the results of several runs (one Compare per trace) by
+// strategy, in the order of the first run: acceptance and served compute
+// pooled over every arrival, fragmentation and utilisation averaged over
+// the runs. A strategy missing from a run (an exact optimum that gave up)
+// is dropped, so every pooled figure covers the same traces.
+func Pool(runs [][]Result) []Result {
+	if len(runs) == 0 {
+		return nil
+	}
+	var out []Result
+	for _, first := range runs[0] {
+		p := Result{Strategy: first.Strategy}
+		complete := true
+		for _, run := range runs {
+			found := false
+			for _, r := range run {
+				if r.Strategy != first.Strategy {
+					continue
+				}
+				found = true
+				p.Arrivals += r.Arrivals
+				p.Accepted += r.Accepted
+				p.requested += r.requested
+				p.served += r.served
+				p.Fragmentation += r.Fragmentation / float64(len(runs))
+				for name, c := range r.ByProfile {
+					if p.ByProfile == nil {
+						p.ByProfile = map[string]Count{}
+					}
+					q := p.ByProfile[name]
+					q.Arrivals += c.Arrivals
+					q.Accepted += c.Accepted
+					p.ByProfile[name] = q
+				}
+				p.Utilisation += r.Utilisation / float64(len(runs))
+			}
+			complete = complete && found
+		}
+		if !complete {
+			continue
+		}
+		if p.Arrivals > 0 {
+			p.Acceptance = float64(p.Accepted) / float64(p.Arrivals)
+		}
+		p.ServedCompute = math.NaN()
+		if p.requested > 0 {
+			p.ServedCompute = float64(p.served) / float64(p.requested)
+		}
+		out = append(out, p)
+	}
+	return out
 }

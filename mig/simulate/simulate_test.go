@@ -73,6 +73,7 @@ func TestSyntheticRoundTripsAndIsDeterministic(t *testing.T) {
 		{SyntheticOptions{Model: "h100", GPUs: 1, IsolatedShare: 2}, "isolated share 2"},
 		{SyntheticOptions{Model: "h100", GPUs: 1, Mix: []float64{1}}, "mix has 1 shares"},
 		{SyntheticOptions{Model: "h100", GPUs: 1, Mix: make([]float64, 7)}, "mix is all zero"},
+		{SyntheticOptions{Model: "h100", GPUs: 1, Lifetimes: "pareto"}, `lifetimes "pareto"`},
 	}
 	for _, tt := range bad {
 		if _, err := Synthetic(tt.o); err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -96,7 +97,7 @@ func TestBestFitBeatsFirstFitOnATrap(t *testing.T) {
 	for _, r := range rs {
 		got[r.Strategy] = r.Accepted
 	}
-	want := map[string]int{"best-fit": 3, "first-fit": 2, "spread": 2, "exact optimum": 3, "repack oracle": 3}
+	want := map[string]int{"best-fit": 3, "first-fit": 2, "driver-order": 3, "spread": 2, "exact optimum": 3, "exact optimum (compute)": 3, "repack oracle": 3}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s accepted %d, want %d (all: %v)", k, got[k], v, got)
@@ -132,6 +133,19 @@ func TestExactOptimumBoundsStrategies(t *testing.T) {
 					t.Errorf("%s: figures out of range %+v", s, r)
 				}
 			}
+			exc, err := RunExactCompute(ev, "a100-40gb", gpus)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range []mig.Strategy{mig.BestFit, mig.FirstFit, mig.DriverOrder, mig.Spread} {
+				r, _ := Run(ev, "a100-40gb", gpus, s)
+				if r.served > exc.served || r.requested != exc.requested {
+					t.Errorf("seed %d gpus %d: %s served %d/%d > exact compute %d/%d", seed, gpus, s, r.served, r.requested, exc.served, exc.requested)
+				}
+			}
+			if exc.Accepted > ex.Accepted {
+				t.Errorf("seed %d: compute optimum accepts %d > request optimum %d", seed, exc.Accepted, ex.Accepted)
+			}
 			off, err := RunExactOffline(ev, "a100-40gb", gpus)
 			if err == nil && off.Accepted < ex.Accepted {
 				t.Errorf("seed %d: offline %d < exact %d", seed, off.Accepted, ex.Accepted)
@@ -150,5 +164,54 @@ func TestRunRejectsForeignProfiles(t *testing.T) {
 	}
 	if _, err := RunExact(ev, "a100-40gb", MaxExactGPUs+1); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("large instance: %v", err)
+	}
+}
+
+// Bimodal lifetimes keep the arrivals, profiles and tenants of the
+// exponential trace with the same seed and about the same mean lifetime.
+func TestBimodalLifetimesShareArrivals(t *testing.T) {
+	o := SyntheticOptions{Model: "h200", GPUs: 8, Seed: 5, Arrivals: 4000}
+	exp, _ := Synthetic(o)
+	o.Lifetimes = Bimodal
+	bi, err := Synthetic(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mean := func(ev []Event) (map[string]Event, float64) {
+		arr := map[string]Event{}
+		sum := 0.0
+		for _, e := range ev {
+			if e.Kind == Arrive {
+				arr[e.ID] = e
+			} else {
+				sum += e.Time - arr[e.ID].Time
+			}
+		}
+		return arr, sum / float64(len(arr))
+	}
+	a, ma := mean(exp)
+	b, mb := mean(bi)
+	for id, e := range a {
+		if b[id] != e {
+			t.Fatalf("%s: %+v vs %+v", id, e, b[id])
+		}
+	}
+	if math.Abs(mb/ma-1) > 0.15 {
+		t.Fatalf("mean lifetime %.1f (bimodal) vs %.1f", mb, ma)
+	}
+}
+
+func TestPoolSumsAndDropsIncomplete(t *testing.T) {
+	runs := [][]Result{
+		{{Strategy: "a", Arrivals: 10, Accepted: 5, requested: 20, served: 10, Utilisation: 0.5}, {Strategy: "b", Arrivals: 10, Accepted: 9}},
+		{{Strategy: "a", Arrivals: 30, Accepted: 25, requested: 20, served: 5, Utilisation: 0.7}},
+	}
+	got := Pool(runs)
+	if len(got) != 1 || got[0].Strategy != "a" {
+		t.Fatalf("pooled %+v, want only a", got)
+	}
+	a := got[0]
+	if a.Accepted != 30 || a.Arrivals != 40 || a.Acceptance != 0.75 || a.ServedCompute != 15.0/40 || math.Abs(a.Utilisation-0.6) > 1e-12 {
+		t.Fatalf("pooled %+v", a)
 	}
 }
