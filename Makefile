@@ -18,6 +18,10 @@ build: ## Build the shim, the CLI and the webhook into ./bin.
 	$(GO) build -o $(BIN)/ ./cmd/...
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./test/images/netprobe
 
+.PHONY: deps
+deps: ## Install the Debian packages a local node needs (CNI plugins, busybox-static, iproute2); root.
+	bash test/scripts/deps.sh
+
 .PHONY: tools
 tools: ## Install pinned containerd, ctr, runsc, crictl and opa into TOOLS_DIR (cached).
 	bash test/scripts/tools.sh
@@ -39,7 +43,7 @@ vet: ## go vet and gofmt check.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 
 .PHONY: demo
-demo: build tools ## Run a real local node (containerd + Bulkhead + gVisor) with two tenants; needs root.
+demo: deps build tools ## Run a real local node (containerd + Bulkhead + gVisor) with two tenants; needs root.
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) run ./test/demo
 
 .PHONY: bench
