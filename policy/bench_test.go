@@ -2,12 +2,19 @@ package policy
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/topdown"
 )
 
 // benchInputs are realistic node decisions: allowed and refused pods of the
@@ -135,6 +142,81 @@ func BenchmarkDecide(b *testing.B) {
 	b.ReportMetric(float64(s.refused)/sampleSize, "refused-fraction")
 	b.ReportMetric(float64(s.bundleCPU.Nanoseconds()), "cpu-ns/decision")
 	b.ReportMetric(float64(s.baselineCPU.Nanoseconds()), "baseline-cpu-ns/decision")
+	b.ReportMetric(regoSteps(b, e, inputs), "rego-steps/decision")
+}
+
+// stepCounter counts the expressions the evaluator evaluates and
+// re-evaluates: the policy's own work, independent of the machine.
+type stepCounter struct{ n int }
+
+func (c *stepCounter) Enabled() bool               { return true }
+func (c *stepCounter) Config() topdown.TraceConfig { return topdown.TraceConfig{} }
+func (c *stepCounter) TraceEvent(ev topdown.Event) {
+	if ev.Op == topdown.EvalOp || ev.Op == topdown.RedoOp {
+		c.n++
+	}
+}
+
+// regoSteps is the mean number of expression evaluations per decision over
+// inputs. Decision latency on a given machine is roughly proportional to it.
+func regoSteps(b testing.TB, e *Engine, inputs []Input) float64 {
+	snap := e.active.Load()
+	var c stepCounter
+	for i := range inputs {
+		if _, err := snap.decision.Eval(context.Background(), rego.EvalParsedInput(inputs[i].astValue()), rego.EvalQueryTracer(&c)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return float64(c.n) / float64(len(inputs))
+}
+
+// openLargeCluster opens the default bundle with the demo tenants and n more,
+// each with two namespaces: a cluster where walking every tenant per
+// decision would show.
+func openLargeCluster(tb testing.TB, n int) *Engine {
+	tb.Helper()
+	raw, err := os.ReadFile(repoPath(tb, "rego/examples/tenants.demo.json"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var data map[string]map[string]map[string]any
+	if err := json.Unmarshal(raw, &data); err != nil {
+		tb.Fatal(err)
+	}
+	for i := range n {
+		data["bulkhead"]["tenants"][fmt.Sprintf("team-%d", i)] = map[string]any{
+			"tier": "standard", "namespaces": []string{fmt.Sprintf("team-%d", i), fmt.Sprintf("team-%d-ci", i)},
+		}
+	}
+	path := filepath.Join(tb.TempDir(), "tenants.json")
+	raw, _ = json.Marshal(data)
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	e, err := Open(context.Background(), Options{
+		BundlePath: repoPath(tb, "rego"), DataPath: path, InsecureSkipVerification: true, Logger: quietLogger(),
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return e
+}
+
+// BenchmarkDecideLargeCluster is BenchmarkDecide's inputs with 1,003
+// tenants in data instead of 3; rego-steps/decision should not move.
+func BenchmarkDecideLargeCluster(b *testing.B) {
+	e := openLargeCluster(b, 1000)
+	inputs := benchInputs()
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := e.Decide(ctx, inputs[i%len(inputs)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.ReportMetric(regoSteps(b, e, inputs), "rego-steps/decision")
 }
 
 // BenchmarkDecideParallel is Decide from GOMAXPROCS goroutines at once.

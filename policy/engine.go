@@ -195,18 +195,39 @@ func (e *Engine) load(ctx context.Context) (*snapshot, error) {
 	return snap, nil
 }
 
-// compile compiles the bundle's modules once and prepares both queries on it.
+// compile compiles the bundle's modules, evaluates the data-only index
+// package once (precomputeIndex) and prepares both queries on the rest.
 func compile(ctx context.Context, b *bundle.Bundle, rev string) (*snapshot, error) {
-	compiler := ast.NewCompiler().
-		WithCapabilities(Capabilities()).
-		WithEnablePrintStatements(false)
-	compiler.Compile(b.ParsedModules("bulkhead"))
-	if compiler.Failed() {
-		return nil, fmt.Errorf("compile: %w", compiler.Errors)
+	newCompiler := func(modules map[string]*ast.Module) (*ast.Compiler, error) {
+		c := ast.NewCompiler().
+			WithCapabilities(Capabilities()).
+			WithEnablePrintStatements(false)
+		c.Compile(modules)
+		if c.Failed() {
+			return nil, fmt.Errorf("compile: %w", c.Errors)
+		}
+		return c, nil
+	}
+	modules := b.ParsedModules("bulkhead")
+	compiler, err := newCompiler(modules)
+	if err != nil {
+		return nil, err
 	}
 	data := b.Data
 	if data == nil {
 		data = map[string]any{}
+	}
+	// Rules that depend on data alone are evaluated here, once, and served
+	// as data from now on; decisions then only look them up.
+	rest, index, err := precomputeIndex(ctx, compiler, modules, data)
+	if err != nil {
+		return nil, err
+	}
+	if index != nil {
+		if compiler, err = newCompiler(rest); err != nil {
+			return nil, err
+		}
+		data = withIndex(data, index)
 	}
 	store := inmem.NewFromObjectWithOpts(data, inmem.OptRoundTripOnWrite(false), inmem.OptReturnASTValuesOnRead(true))
 	prepare := func(query string) (rego.PreparedEvalQuery, error) {

@@ -15,7 +15,10 @@ import data.bulkhead.rdma
 import data.bulkhead.runtime
 import data.bulkhead.workload
 
-findings := ((((((contract.findings | identity.findings) | runtime.findings) | gpu.findings) | quota.findings) | workload.findings) | network.findings) | rdma.findings
+findings := union({
+	contract.findings, identity.findings, runtime.findings, gpu.findings,
+	quota.findings, workload.findings, network.findings, rdma.findings,
+})
 
 mode(f) := m if {
 	m := data.bulkhead.enforcement[f.rule]

@@ -4,6 +4,8 @@
 #   data.bulkhead.tenants, never from anything the pod author writes.
 package bulkhead.identity
 
+import data.bulkhead.index
+
 # lockdown is what a pod gets when a tier leaves a setting out: the most
 # restrictive answer for every field, so a sparse tier never opens anything.
 lockdown := {
@@ -24,11 +26,10 @@ lockdown := {
 	"network": {"isolation": "tenant", "egress": "allowlist", "deny_metadata": true},
 }
 
-# tenants_of_namespace holds every tenant that lists input.namespace.
-tenants_of_namespace contains name if {
-	some name, t in data.bulkhead.tenants
-	input.namespace in t.namespaces
-}
+# tenants_of_namespace holds, sorted, every tenant that lists input.namespace.
+default tenants_of_namespace := []
+
+tenants_of_namespace := index.owners[input.namespace]
 
 # tenant is defined only when exactly one tenant owns the namespace.
 tenant := name if {
@@ -45,7 +46,7 @@ tier_name := config.tier
 tier := data.bulkhead.tiers[tier_name]
 
 # settings is the tier merged over lockdown; lockdown alone without a tier.
-settings := object.union(lockdown, tier) if tier
+settings := index.tier_settings[tier_name] if tier
 
 settings := lockdown if not tier
 
