@@ -64,11 +64,13 @@ func startPipelineNodeB(t testing.TB) *pipelineNode {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Registered first so it runs last, after the node (and every shim that
+	// could still open the fence) is gone.
+	t.Cleanup(func() { _ = os.RemoveAll(pn.pinDir) })
 	pn.Node = startNode(t, node.Options{
 		Dir: dir, Subnet: subnet, PipelineEnabled: true, ShimConfig: extra,
 		Env: []string{bhruntime.FailAtEnv + "=@" + pn.failFile},
 	})
-	t.Cleanup(func() { _ = os.RemoveAll(pn.pinDir) })
 	return pn
 }
 
