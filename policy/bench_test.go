@@ -121,15 +121,7 @@ func BenchmarkDecide(b *testing.B) {
 		latencySample.bundle, allowed, latencySample.bundleCPU = measure(b, e, inputs)
 		latencySample.allowed, latencySample.refused = allowed, sampleSize-allowed
 	})
-	ctx := context.Background()
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		if _, err := e.Decide(ctx, inputs[i%len(inputs)]); err != nil {
-			b.Fatal(err)
-		}
-		i++
-	}
+	decideLoop(b, e, inputs)
 	s := &latencySample
 	b.ReportMetric(percentile(s.bundle, 0.50), "p50-ns")
 	b.ReportMetric(percentile(s.bundle, 0.90), "p90-ns")
@@ -207,15 +199,7 @@ func openLargeCluster(tb testing.TB, n int) *Engine {
 func BenchmarkDecideLargeCluster(b *testing.B) {
 	e := openLargeCluster(b, 1000)
 	inputs := benchInputs()
-	ctx := context.Background()
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		if _, err := e.Decide(ctx, inputs[i%len(inputs)]); err != nil {
-			b.Fatal(err)
-		}
-		i++
-	}
+	decideLoop(b, e, inputs)
 	b.ReportMetric(regoSteps(b, e, inputs), "rego-steps/decision")
 }
 
@@ -249,6 +233,11 @@ func BenchmarkDecideWithDecisionLog(b *testing.B) {
 		b.Fatal(err)
 	}
 	inputs := benchInputs()
+	decideLoop(b, e, inputs)
+}
+
+// decideLoop is the timed loop of the Decide benchmarks: the inputs in turn.
+func decideLoop(b *testing.B, e *Engine, inputs []Input) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	i := 0

@@ -132,11 +132,11 @@ func TestGVisorOptionsRoundTrip(t *testing.T) {
 		}
 	}
 	// The task options gVisor receives decode back to the file's path.
-	anyOpts, err := containerOptions("/run/bulkhead/sandboxes/x/runsc.toml")
+	anyOpts, err := containerOptions("/run/k8s/bundles/x/config.toml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if anyOpts.TypeUrl != runtimeOptionsTypeURL || !strings.Contains(string(anyOpts.Value), "/run/bulkhead/sandboxes/x/runsc.toml") {
+	if anyOpts.TypeUrl != runtimeOptionsTypeURL || !strings.Contains(string(anyOpts.Value), "/run/k8s/bundles/x/config.toml") {
 		t.Errorf("task options = %s %s", anyOpts.TypeUrl, anyOpts.Value)
 	}
 }

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
@@ -27,10 +29,6 @@ const RequestAnnotationPrefix = "bulkhead.dev/"
 // DefaultHandler is the CRI runtime handler (RuntimeClass handler) that
 // selects Bulkhead when containerd does not say which handler it used.
 const DefaultHandler = "bulkhead"
-
-// runscOptionsFile is the per-sandbox file gVisor's task service reads its
-// options from (see containerOptions).
-const runscOptionsFile = "runsc.toml"
 
 // RegisterPodExtension installs Bulkhead's pod extension in gVisor's shim
 // library. gVisor calls it once per pod, on the sandbox's Create.
@@ -54,19 +52,18 @@ type PodExtension struct {
 	cfg   Config
 	state *StateDir
 
-	// mu guards sandbox and options.
+	// mu guards sandbox, options and reservation.
 	mu sync.Mutex
 	// sandbox is the pod's record, nil until the sandbox container is created.
 	sandbox *Sandbox
-	// options points gVisor at the pod's runsc options file.
-	options *specOptions
+	// options point gVisor's task service at the options file the manager
+	// wrote into the sandbox bundle; every container of the pod gets them.
+	options *anypb.Any
 	// pipeline places the pod; nil while the pipeline is disabled.
 	pipeline *Pipeline
 	// reservation is what the pipeline holds for the pod.
 	reservation *Reservation
 }
-
-type specOptions struct{ path string }
 
 // NewPodExtension returns the extension for one pod in front of next.
 func NewPodExtension(cfg Config, next extension.TaskServiceExt) *PodExtension {
@@ -101,27 +98,7 @@ func (p *PodExtension) create(ctx context.Context, r *task.CreateTaskRequest, ne
 		return nil, fmt.Errorf("container %s: no sandbox in this shim yet", r.ID)
 	}
 	if !isSandbox {
-		if p.pipeline != nil {
-			// Every container loses RDMA devices its tenant was not granted.
-			if err := rdma.SpecOpt(p.pipeline.RDMAGrant(p.sandbox))(spec); err != nil {
-				return nil, fmt.Errorf("container %s: %w", r.ID, err)
-			}
-			if err := writeSpec(r.Bundle, spec); err != nil {
-				return nil, err
-			}
-		}
-		if err := p.setOptions(r); err != nil {
-			return nil, err
-		}
-		resp, err := next()
-		if err != nil {
-			return nil, err
-		}
-		p.sandbox.Containers = append(p.sandbox.Containers, r.ID)
-		if err := p.state.Save(p.sandbox); err != nil {
-			log.G(ctx).WithError(err).Warnf("sandbox %s: update record", p.sandbox.ID)
-		}
-		return resp, nil
+		return p.createContainer(ctx, r, spec, next)
 	}
 	if p.sandbox != nil {
 		return nil, fmt.Errorf("container %s: pod already has sandbox %s", r.ID, p.sandbox.ID)
@@ -129,19 +106,42 @@ func (p *PodExtension) create(ctx context.Context, r *task.CreateTaskRequest, ne
 	return p.createSandbox(ctx, r, spec, next)
 }
 
-func (p *PodExtension) setOptions(r *task.CreateTaskRequest) error {
-	opts, err := containerOptions(p.options.path)
-	if err != nil {
-		return err
+// createContainer creates a workload container in the pod's sandbox.
+func (p *PodExtension) createContainer(ctx context.Context, r *task.CreateTaskRequest, spec *specs.Spec, next func() (*task.CreateTaskResponse, error)) (*task.CreateTaskResponse, error) {
+	if p.pipeline != nil {
+		read, err := encodeSpec(spec)
+		if err != nil {
+			return nil, err
+		}
+		// Every container loses RDMA devices its tenant was not granted.
+		if err := rdma.SpecOpt(p.pipeline.RDMAGrant(p.sandbox))(spec); err != nil {
+			return nil, fmt.Errorf("container %s: %w", r.ID, err)
+		}
+		if err := writeSpecIfChanged(r.Bundle, read, spec); err != nil {
+			return nil, err
+		}
 	}
-	r.Options = opts
-	return nil
+	r.Options = p.options
+	resp, err := next()
+	if err != nil {
+		return nil, err
+	}
+	p.sandbox.Containers = append(p.sandbox.Containers, r.ID)
+	p.saveRecord(ctx)
+	return resp, nil
+}
+
+// saveRecord rewrites the pod's record; a failure only costs GC precision.
+func (p *PodExtension) saveRecord(ctx context.Context) {
+	if err := p.state.Save(p.sandbox); err != nil {
+		log.G(ctx).WithError(err).Warnf("sandbox %s: update record", p.sandbox.ID)
+	}
 }
 
 // createSandbox runs the placement pipeline around the sandbox's creation.
 // Any failure unwinds every step already taken, in reverse.
 func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequest, spec *specs.Spec, next func() (*task.CreateTaskResponse, error)) (_ *task.CreateTaskResponse, retErr error) {
-	sb := SandboxFromSpec(r.ID, r.Bundle, spec, p.cfg)
+	sb := SandboxFromSpec(r.ID, r.Bundle, spec)
 	sb.ShimPID = os.Getpid()
 	// The record exists before anything else does, so GC can find a crash.
 	if err := p.state.Save(sb); err != nil {
@@ -170,16 +170,15 @@ func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequ
 		log.G(ctx).WithError(retErr).Warnf("sandbox %s: refused", sb.ID)
 	}()
 
-	data, err := encodeGVisorOptions(p.cfg)
+	optionsFile := filepath.Join(sb.Bundle, gvisorOptionsFile)
+	if _, err := os.Stat(optionsFile); err != nil {
+		return nil, fmt.Errorf("sandbox %s: gVisor options missing (the manager writes them when it starts the shim): %w", sb.ID, err)
+	}
+	options, err := containerOptions(optionsFile)
 	if err != nil {
 		return nil, err
 	}
-	path, err := p.state.WriteFile(sb.ID, runscOptionsFile, data)
-	if err != nil {
-		return nil, err
-	}
-	p.sandbox, p.options = sb, &specOptions{path: path}
-
+	p.sandbox, p.options = sb, options
 	if p.cfg.Pipeline.Enabled {
 		if p.pipeline == nil {
 			if p.pipeline, err = OpenPipeline(ctx, p.cfg); err != nil {
@@ -190,6 +189,10 @@ func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequ
 				log.G(ctx).WithError(err).Warn("gc at shim start")
 			}
 		}
+		read, err := encodeSpec(spec)
+		if err != nil {
+			return nil, err
+		}
 		res, err := p.pipeline.Admit(ctx, sb, spec)
 		if err != nil {
 			return nil, err
@@ -199,16 +202,15 @@ func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequ
 		if err := rdma.SpecOpt(p.pipeline.RDMAGrant(sb))(spec); err != nil {
 			return nil, err
 		}
-		if err := writeSpec(r.Bundle, spec); err != nil {
+		// Admit injected the GPU; the grant stripped RDMA devices.
+		if err := writeSpecIfChanged(r.Bundle, read, spec); err != nil {
 			return nil, err
 		}
 		if err := p.pipeline.fail(StepSandbox); err != nil {
 			return nil, err
 		}
 	}
-	if err := p.setOptions(r); err != nil {
-		return nil, err
-	}
+	r.Options = p.options
 	resp, err := next()
 	if err != nil {
 		return nil, err
@@ -220,9 +222,7 @@ func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequ
 		}
 	}
 	sb.Phase = PhaseCreated
-	if err := p.state.Save(sb); err != nil {
-		log.G(ctx).WithError(err).Warnf("sandbox %s: update record", sb.ID)
-	}
+	p.saveRecord(ctx)
 	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s tenant %q", sb.ID, sb.Namespace, sb.Name, sb.Handler, sb.Tenant)
 	return resp, nil
 }
@@ -254,9 +254,7 @@ func (p *PodExtension) Delete(ctx context.Context, r *task.DeleteRequest) (*task
 		return resp, nil
 	}
 	p.sandbox.Containers = slices.DeleteFunc(p.sandbox.Containers, func(id string) bool { return id == r.ID })
-	if err := p.state.Save(p.sandbox); err != nil {
-		log.G(ctx).WithError(err).Warnf("sandbox %s: update record", p.sandbox.ID)
-	}
+	p.saveRecord(ctx)
 	return resp, nil
 }
 
@@ -276,7 +274,7 @@ func (p *PodExtension) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*
 // SandboxFromSpec builds the record of a sandbox from its OCI spec: the
 // pod's identity comes from the CRI annotations containerd sets, never from
 // the pod's own annotations.
-func SandboxFromSpec(id, bundle string, spec *specs.Spec, cfg Config) *Sandbox {
+func SandboxFromSpec(id, bundle string, spec *specs.Spec) *Sandbox {
 	ann := spec.Annotations
 	sb := &Sandbox{
 		ID:        id,
@@ -309,12 +307,22 @@ func SandboxFromSpec(id, bundle string, spec *specs.Spec, cfg Config) *Sandbox {
 	return sb
 }
 
-func writeSpec(bundle string, spec *specs.Spec) error {
-	data, err := json.Marshal(spec)
+// encodeSpec is the spec as Bulkhead would write it, to compare before and
+// after a change.
+func encodeSpec(spec *specs.Spec) ([]byte, error) { return json.Marshal(spec) }
+
+// writeSpecIfChanged rewrites the bundle's config.json when spec no longer
+// encodes to read: a rewrite goes through our copy of the spec types and
+// must not happen for nothing.
+func writeSpecIfChanged(bundle string, read []byte, spec *specs.Spec) error {
+	now, err := encodeSpec(spec)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(bundle, "config.json"), data, 0o644)
+	if bytes.Equal(read, now) {
+		return nil
+	}
+	return writeFileAtomic(filepath.Join(bundle, "config.json"), now, 0o644)
 }
 
 func readSpec(bundle string) (*specs.Spec, error) {

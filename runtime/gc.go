@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
 )
 
 // GCReport says what a GC pass released.
@@ -36,11 +38,9 @@ func SandboxAlive(cfg Config, id string, shimPID int) bool {
 	if shimPID > 0 && shimRunning(shimPID) {
 		return true
 	}
-	matches, _ := filepath.Glob(filepath.Join(cfg.RunscRoot, "*", id+"_sandbox:*.state"))
-	if len(matches) > 0 {
-		return true
-	}
-	matches, _ = filepath.Glob(filepath.Join(cfg.RunscRoot, "*", "*_sandbox:"+id+".state"))
+	// runsc names state files <container>_sandbox:<sandbox>.state under
+	// <root>/<namespace>; the pause container's is among them.
+	matches, _ := filepath.Glob(filepath.Join(cfg.RunscRoot, "*", "*_sandbox:"+id+".state"))
 	return len(matches) > 0
 }
 
@@ -79,15 +79,11 @@ func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
 	}); err != nil {
 		return rep, err
 	}
-	owned := map[string]bool{}
 	pids := map[string]int{}
 	var errs []error
 	for _, r := range reservations {
 		pids[r.SandboxID] = r.ShimPID
 		if SandboxAlive(p.cfg, r.SandboxID, r.ShimPID) {
-			if r.Instance != nil {
-				owned[fmt.Sprintf("%d/%d", r.Instance.GPU, r.Instance.GI)] = true
-			}
 			continue
 		}
 		if err := p.Release(ctx, r.SandboxID); err != nil {
@@ -135,38 +131,43 @@ func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
 		}
 	}
 	if p.backend != nil {
-		insts, err := p.backend.Instances()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("gpu: %w", err))
-		}
-		// Re-read the ledger: a shim may have created an instance meanwhile.
-		_ = p.ledger.View(func(tx *LedgerTx) error {
-			all, err := tx.List()
-			for _, r := range all {
-				if r.Instance != nil {
-					owned[fmt.Sprintf("%d/%d", r.Instance.GPU, r.Instance.GI)] = true
-				}
-				if r.GPU != nil && r.Instance == nil {
-					// Reserved, instance being created: protect its GPU slot.
-					owned[fmt.Sprintf("%d/start%d", r.GPU.GPU, r.GPU.Start)] = true
-				}
-			}
-			return err
-		})
-		for _, in := range insts {
-			key := fmt.Sprintf("%d/%d", in.GPU, in.GI)
-			if owned[key] || owned[fmt.Sprintf("%d/start%d", in.GPU, in.Start)] {
-				continue
-			}
-			if err := p.backend.Destroy(in.GPU, in.GI, in.CI); err != nil {
-				errs = append(errs, fmt.Errorf("gpu %s: %w", key, err))
-				continue
-			}
-			rep.Instances = append(rep.Instances, key)
+		if err := p.destroyOrphanInstances(&rep); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if !rep.Empty() {
 		log.G(ctx).Infof("gc: released %v, records %v, endpoints %v, instances %v", rep.Released, rep.Records, rep.Endpoints, rep.Instances)
 	}
 	return rep, errors.Join(errs...)
+}
+
+// destroyOrphanInstances destroys MIG instances no reservation accounts for
+// (a crash between creating an instance and recording it). A reservation
+// whose instance is still being created holds its slot, so a concurrent
+// shim's instance is never taken for an orphan.
+func (p *Pipeline) destroyOrphanInstances(rep *GCReport) error {
+	insts, err := p.backend.Instances()
+	if err != nil {
+		return fmt.Errorf("gpu: %w", err)
+	}
+	// Read the ledger after listing: an instance created meanwhile has its
+	// reservation recorded before it exists.
+	var placements []mig.Placement
+	if err := p.ledger.View(func(tx *LedgerTx) error {
+		placements, err = tx.Placements()
+		return err
+	}); err != nil {
+		return err
+	}
+	orphans, _ := mig.Reconcile(insts, placements)
+	var errs []error
+	for _, in := range orphans {
+		key := fmt.Sprintf("%d/%d", in.GPU, in.GI)
+		if err := p.backend.Destroy(in.GPU, in.GI, in.CI); err != nil {
+			errs = append(errs, fmt.Errorf("gpu %s: %w", key, err))
+			continue
+		}
+		rep.Instances = append(rep.Instances, key)
+	}
+	return errors.Join(errs...)
 }

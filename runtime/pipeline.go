@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -242,21 +243,14 @@ func nodeInput(alloc *mig.Allocator) *policy.Node {
 	}
 	tenants := map[int][]string{}
 	for _, pl := range alloc.Placements() {
-		tenants[pl.GPU] = appendUnique(tenants[pl.GPU], pl.Tenant)
+		if !slices.Contains(tenants[pl.GPU], pl.Tenant) {
+			tenants[pl.GPU] = append(tenants[pl.GPU], pl.Tenant)
+		}
 	}
 	for _, u := range alloc.Usage() {
 		n.GPUs = append(n.GPUs, policy.NodeGPU{Index: u.Index, Model: u.Model, MIGEnabled: true, FreeSlices: 7 - u.Compute, Tenants: tenants[u.Index]})
 	}
 	return n
-}
-
-func appendUnique(list []string, s string) []string {
-	for _, x := range list {
-		if x == s {
-			return list
-		}
-	}
-	return append(list, s)
 }
 
 // Admit decides and reserves: policy, quota and GPU placement happen in one
@@ -271,19 +265,6 @@ func (p *Pipeline) Admit(ctx context.Context, sb *Sandbox, spec *specs.Spec) (_ 
 	if err := p.fail(StepDecide); err != nil {
 		return nil, err
 	}
-	// Identity first: the tenant comes from the namespace, whatever the usage.
-	if err := p.ledger.View(func(tx *LedgerTx) error {
-		alloc, err := p.allocator(tx)
-		in.Node = nodeInput(alloc)
-		return err
-	}); err != nil {
-		return nil, err
-	}
-	first, err := p.decider.Decide(ctx, in)
-	if err != nil || !first.Allow {
-		return nil, refusal(sb, first, err)
-	}
-
 	var res *Reservation
 	err = p.ledger.Update(func(tx *LedgerTx) error {
 		if old, err := tx.Get(sb.ID); err != nil {
@@ -291,18 +272,21 @@ func (p *Pipeline) Admit(ctx context.Context, sb *Sandbox, spec *specs.Spec) (_ 
 		} else if old != nil {
 			return fmt.Errorf("sandbox %s: already reserved (%s)", sb.ID, old.State)
 		}
-		usage, err := tx.Usage(first.Tenant)
-		if err != nil {
-			return err
-		}
-		in.Usage = usage
 		alloc, err := p.allocator(tx)
 		if err != nil {
 			return err
 		}
 		in.Node = nodeInput(alloc)
+		// Identity first: the tenant comes from the namespace, whatever the
+		// usage; then the tenant's usage decides the quotas.
 		d, err := p.decider.Decide(ctx, in)
 		if err != nil || !d.Allow {
+			return refusal(sb, d, err)
+		}
+		if in.Usage, err = tx.Usage(d.Tenant); err != nil {
+			return err
+		}
+		if d, err = p.decider.Decide(ctx, in); err != nil || !d.Allow {
 			return refusal(sb, d, err)
 		}
 		res = &Reservation{
@@ -547,7 +531,7 @@ func (p *Pipeline) Release(ctx context.Context, id string) error {
 	}
 	var errs []error
 	if p.fence != nil {
-		if err := p.fence.Unregister(ctx, id); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := p.fence.Unregister(ctx, id); err != nil {
 			errs = append(errs, fmt.Errorf("fence: %w", err))
 		}
 	}

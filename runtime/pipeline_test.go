@@ -59,7 +59,7 @@ func sandboxSpec(ns, name string, ann map[string]string) (*Sandbox, *specs.Spec)
 	for k, v := range ann {
 		spec.Annotations[k] = v
 	}
-	sb := SandboxFromSpec(ns+"-"+name, "/bundle", spec, DefaultConfig())
+	sb := SandboxFromSpec(ns+"-"+name, "/bundle", spec)
 	sb.CreatedAt = time.Now()
 	return sb, spec
 }

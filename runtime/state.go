@@ -139,19 +139,6 @@ func (s *StateDir) Remove(id string) error {
 	return nil
 }
 
-// WriteFile writes name into the sandbox's directory atomically.
-func (s *StateDir) WriteFile(id, name string, data []byte) (string, error) {
-	dir, err := s.Dir(id)
-	if err != nil {
-		return "", err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	path := filepath.Join(dir, name)
-	return path, writeFileAtomic(path, data, 0o600)
-}
-
 func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {

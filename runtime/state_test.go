@@ -16,7 +16,11 @@ func TestStateDirLifecycle(t *testing.T) {
 	if err := s.Save(sb); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.WriteFile("abc123", "runsc.toml", []byte("x")); err != nil {
+	dir, err := s.Dir("abc123")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "extra"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.Load("abc123")
@@ -69,7 +73,7 @@ func TestSandboxFromSpec(t *testing.T) {
 			{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"},
 		}},
 	}
-	sb := SandboxFromSpec("id1", "/b", spec, DefaultConfig())
+	sb := SandboxFromSpec("id1", "/b", spec)
 	if sb.Namespace != "agents" || sb.Name != "coder-1" || sb.UID != "u-1" || sb.Handler != DefaultHandler {
 		t.Errorf("identity: %+v", sb)
 	}
@@ -81,7 +85,7 @@ func TestSandboxFromSpec(t *testing.T) {
 		t.Errorf("annotations = %v", sb.Annotations)
 	}
 	spec.Annotations[AnnotationRuntimeHandler] = "bulkhead-debug"
-	if sb := SandboxFromSpec("id1", "/b", spec, DefaultConfig()); sb.Handler != "bulkhead-debug" {
+	if sb := SandboxFromSpec("id1", "/b", spec); sb.Handler != "bulkhead-debug" {
 		t.Errorf("handler from annotation = %q", sb.Handler)
 	}
 }

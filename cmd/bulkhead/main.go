@@ -3,7 +3,9 @@
 package main
 
 import (
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 )
@@ -36,6 +38,14 @@ func dispatch(args []string) int {
 		return 2
 	}
 	return cmd.run(args[1:])
+}
+
+// newFlagSet is the flag set of subcommand name ("mig plan"); errors and
+// usage go to stderr and carry the full command name.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("bulkhead "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
 }
 
 func usage() {

@@ -52,10 +52,18 @@ func migMain(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-func newFlags(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("bulkhead mig "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
+// checkNodeFlags validates --gpu and --gpus; it returns the exit code to
+// use, or -1 to go on.
+func checkNodeFlags(fs *flag.FlagSet, gpu string, gpus int, stderr io.Writer) int {
+	if _, err := mig.Model(gpu); err != nil {
+		fmt.Fprintf(stderr, "%s: --gpu: %v\n", fs.Name(), err)
+		return 2
+	}
+	if gpus < 1 || gpus > 64 {
+		fmt.Fprintf(stderr, "%s: --gpus %d: must be 1..64\n", fs.Name(), gpus)
+		return 2
+	}
+	return -1
 }
 
 // parse parses flags and refuses positional arguments; it returns the exit
@@ -75,7 +83,7 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) int {
 }
 
 func migProfiles(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("profiles", stderr)
+	fs := newFlagSet("mig profiles", stderr)
 	gpu := fs.String("gpu", "", "GPU model: "+strings.Join(mig.Models(), ", "))
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
@@ -114,7 +122,7 @@ func strategyFlag(s string) (mig.Strategy, error) {
 }
 
 func migPlan(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("plan", stderr)
+	fs := newFlagSet("mig plan", stderr)
 	gpu := fs.String("gpu", "", "GPU model: "+strings.Join(mig.Models(), ", "))
 	gpus := fs.Int("gpus", 1, "GPUs on the node")
 	request := fs.String("request", "", "comma-separated profiles to place, in order (e.g. 3g.71gb,2g.35gb)")
@@ -129,13 +137,8 @@ func migPlan(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
 		return 2
 	}
-	if _, err := mig.Model(*gpu); err != nil {
-		fmt.Fprintf(stderr, "%s: --gpu: %v\n", fs.Name(), err)
-		return 2
-	}
-	if *gpus < 1 || *gpus > 64 {
-		fmt.Fprintf(stderr, "%s: --gpus %d: must be 1..64\n", fs.Name(), *gpus)
-		return 2
+	if rc := checkNodeFlags(fs, *gpu, *gpus, stderr); rc >= 0 {
+		return rc
 	}
 	if strings.TrimSpace(*request) == "" {
 		fmt.Fprintf(stderr, "%s: --request: name at least one profile\n", fs.Name())
@@ -171,7 +174,7 @@ func migPlan(args []string, stdout, stderr io.Writer) int {
 }
 
 func migSimulate(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("simulate", stderr)
+	fs := newFlagSet("mig simulate", stderr)
 	gpu := fs.String("gpu", "", "GPU model: "+strings.Join(mig.Models(), ", "))
 	gpus := fs.Int("gpus", 8, "GPUs on the node")
 	seed := fs.Int64("synthetic", -1, "generate a synthetic trace with this seed")
@@ -186,13 +189,8 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 	if rc := parse(fs, args, stderr); rc >= 0 {
 		return rc
 	}
-	if _, err := mig.Model(*gpu); err != nil {
-		fmt.Fprintf(stderr, "%s: --gpu: %v\n", fs.Name(), err)
-		return 2
-	}
-	if *gpus < 1 || *gpus > 64 {
-		fmt.Fprintf(stderr, "%s: --gpus %d: must be 1..64\n", fs.Name(), *gpus)
-		return 2
+	if rc := checkNodeFlags(fs, *gpu, *gpus, stderr); rc >= 0 {
+		return rc
 	}
 	if *seeds < 1 || *seeds > 1000 || (*seeds > 1 && (*writeTrace != "" || *trace != "")) {
 		fmt.Fprintf(stderr, "%s: --seeds %d: must be 1..1000, and 1 with --trace or --write-trace\n", fs.Name(), *seeds)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,8 +22,7 @@ func runNetpol(args []string) int {
 }
 
 func netpolMain(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("netpol", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("netpol", stderr)
 	pinDir := fs.String("pin-dir", netpol.DefaultPinDir, "directory of the pinned maps (on bpffs)")
 	lock := fs.String("lock", netpol.DefaultLockPath, "lock file shared with the shims")
 	fs.Usage = func() {

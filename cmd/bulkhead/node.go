@@ -5,7 +5,6 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -29,7 +28,7 @@ func runNode(args []string) int {
 		fmt.Fprintln(os.Stderr, "usage: bulkhead node status [--json] [--config PATH] | gc [--config PATH]")
 		return 2
 	}
-	fs := flag.NewFlagSet("node "+args[0], flag.ContinueOnError)
+	fs := newFlagSet("node "+args[0], os.Stderr)
 	cfgPath := fs.String("config", runtime.ConfigPath(), "shim configuration file")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -66,14 +65,8 @@ func policyMain(args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("bulkhead policy "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
-}
-
 func policyEval(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("eval", stderr)
+	fs := newFlagSet("policy eval", stderr)
 	bundlePath := fs.String("bundle", "", "bundle directory or .tar.gz (required)")
 	inputPath := fs.String("input", "", "input document, JSON (contract v1, docs/policy.md); - for stdin (required)")
 	dataPath := fs.String("data", "", "extra data JSON merged into the bundle's data, e.g. tenants")
@@ -156,7 +149,7 @@ func readInput(path string) (policy.Input, error) {
 }
 
 func policyTest(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("test", stderr)
+	fs := newFlagSet("policy test", stderr)
 	threshold := fs.Float64("threshold", 0, "fail when line coverage of the non-test modules is below PERCENT")
 	verbose := fs.Bool("v", false, "list every test and the lines not covered")
 	if err := fs.Parse(args); err != nil {
@@ -209,7 +202,7 @@ func policyTest(args []string, stdout, stderr io.Writer) int {
 }
 
 func policyVerify(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("verify", stderr)
+	fs := newFlagSet("policy verify", stderr)
 	bundlePath := fs.String("bundle", "", "bundle .tar.gz or directory (required)")
 	key := fs.String("key", "", "PEM public key, or a file holding it (required)")
 	keyID := fs.String("key-id", "", "key id the bundle must be signed with (required)")

@@ -359,15 +359,6 @@ func (n *Node) Log() string {
 	return string(b)
 }
 
-// Gateway returns the bridge's address in the pod subnet (the first host).
-func (n *Node) Gateway() string {
-	ip, _, _ := strings.Cut(n.opts.Subnet, "/")
-	return strings.TrimSuffix(ip, ".0") + ".1"
-}
-
-// Subnet returns the pod CIDR.
-func (n *Node) Subnet() string { return n.opts.Subnet }
-
 // Dir returns the node's directory.
 func (n *Node) Dir() string { return n.opts.Dir }
 
