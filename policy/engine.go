@@ -25,7 +25,10 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/bundle"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
+
+	"github.com/bulkhead-runtime/bulkhead/policy/irvm"
 )
 
 // Queries the engine evaluates.
@@ -63,8 +66,15 @@ type Engine struct {
 type snapshot struct {
 	revision    string
 	fingerprint string
-	decision    rego.PreparedEvalQuery
+	decision    rego.PreparedEvalQuery  // OPA's interpreter: the reference
 	mask        *rego.PreparedEvalQuery // nil when the bundle defines no mask
+
+	// program is OPA's plan of the decision query, run by irvm, with data
+	// its base document; nil when Options.Evaluator is topdown or the plan
+	// needs what irvm does not implement (planNote says why).
+	program  *irvm.Program
+	data     *ast.Term
+	planNote string
 }
 
 // Open validates opts, loads, verifies and compiles the bundle and returns an
@@ -181,23 +191,45 @@ func (e *Engine) load(ctx context.Context) (*snapshot, error) {
 			return nil, fmt.Errorf("data %s: %w", e.opts.DataPath, err)
 		}
 	}
-	snap, err := compile(ctx, b, rev)
+	snap, err := compile(ctx, b, rev, e.opts.Evaluator != EvaluatorTopdown)
 	if err != nil {
 		return nil, fmt.Errorf("revision %s: %w", rev, err)
 	}
 	snap.fingerprint = fp
 	// A bundle that cannot answer a minimal input is broken: refuse it here
-	// rather than deny every pod after the swap.
+	// rather than deny every pod after the swap. The plan must answer it
+	// exactly as the interpreter does, or the interpreter decides.
 	probe := Input{Version: ContractVersion, Kind: KindSandbox}
+	want, err := snap.evalTopdown(ctx, probe.astValue())
+	if err != nil {
+		return nil, fmt.Errorf("revision %s: probe decision: %w", rev, err)
+	}
+	if snap.program != nil {
+		got, err := snap.evalPlan(ctx, probe.astValue())
+		if err != nil || !sameValue(got, want) {
+			snap.program, snap.planNote = nil, fmt.Sprintf("the plan's probe decision differs from OPA's interpreter (%v, error %v)", got, err)
+		}
+	}
+	if e.opts.Evaluator != EvaluatorTopdown && snap.program == nil {
+		e.logger.Warn("policy decisions use OPA's interpreter: the compiled plan cannot run this bundle",
+			"revision", rev, "reason", snap.planNote)
+	}
 	if _, err := snap.evaluate(ctx, &probe); err != nil {
 		return nil, fmt.Errorf("revision %s: probe decision: %w", rev, err)
 	}
 	return snap, nil
 }
 
+func sameValue(a, b ast.Value) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return ast.Compare(a, b) == 0
+}
+
 // compile compiles the bundle's modules, evaluates the data-only index
 // package once (precomputeIndex) and prepares both queries on the rest.
-func compile(ctx context.Context, b *bundle.Bundle, rev string) (*snapshot, error) {
+func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (*snapshot, error) {
 	newCompiler := func(modules map[string]*ast.Module) (*ast.Compiler, error) {
 		c := ast.NewCompiler().
 			WithCapabilities(Capabilities()).
@@ -243,6 +275,28 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string) (*snapshot, erro
 		return nil, fmt.Errorf("prepare %s: %w", DecisionQuery, err)
 	}
 	snap := &snapshot{revision: rev, decision: decision}
+	if withPlan {
+		planModules := modules
+		if index != nil {
+			planModules = rest
+		}
+		if snap.program, err = planDecision(ctx, planModules); err != nil {
+			if !errors.Is(err, irvm.ErrUnsupported) {
+				return nil, fmt.Errorf("plan %s: %w", DecisionQuery, err)
+			}
+			snap.program, snap.planNote = nil, err.Error()
+		} else {
+			root, err := storage.ReadOne(ctx, store, storage.Path{})
+			if err != nil {
+				return nil, fmt.Errorf("read data: %w", err)
+			}
+			v, ok := root.(ast.Value)
+			if !ok {
+				return nil, fmt.Errorf("read data: got %T", root)
+			}
+			snap.data = ast.NewTerm(v)
+		}
+	}
 	if len(compiler.GetRulesExact(ast.MustParseRef(MaskQuery))) > 0 {
 		mask, err := prepare(MaskQuery)
 		if err != nil {
@@ -266,18 +320,33 @@ type evalError struct {
 func (e *evalError) Error() string { return e.rule + ": " + e.err.Error() }
 func (e *evalError) Unwrap() error { return e.err }
 
+// evalTopdown decides with OPA's interpreter; nil means undefined.
+func (s *snapshot) evalTopdown(ctx context.Context, input ast.Value) (ast.Value, error) {
+	rs, err := s.decision.Eval(ctx, rego.EvalParsedInput(input), rego.EvalGenerateJSON(keepAST))
+	if err != nil || len(rs) == 0 || len(rs[0].Expressions) == 0 {
+		return nil, err
+	}
+	v, _ := rs[0].Expressions[0].Value.(ast.Value)
+	return v, nil
+}
+
 func (s *snapshot) evaluate(ctx context.Context, in *Input) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, &evalError{RuleError, err}
 	}
-	rs, err := s.decision.Eval(ctx, rego.EvalParsedInput(in.astValue()), rego.EvalGenerateJSON(keepAST))
+	var v ast.Value
+	var err error
+	if s.program != nil {
+		v, err = s.evalPlan(ctx, in.astValue())
+	} else {
+		v, err = s.evalTopdown(ctx, in.astValue())
+	}
 	if err != nil {
 		return Decision{}, &evalError{RuleError, err}
 	}
-	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
+	if v == nil {
 		return Decision{}, &evalError{RuleUndefined, errors.New(DecisionQuery + " is undefined for this input")}
 	}
-	v, _ := rs[0].Expressions[0].Value.(ast.Value)
 	d, err := decodeDecision(v)
 	if err != nil {
 		return Decision{}, &evalError{RuleShape, err}

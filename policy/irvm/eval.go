@@ -1,0 +1,479 @@
+package irvm
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/topdown"
+	"github.com/open-policy-agent/opa/v1/topdown/builtins"
+)
+
+// Control results of running a block, besides a break count (>= 0): the
+// block ran to its end, or a ReturnLocalStmt ended the function.
+const (
+	fellThrough = -1
+	returned    = -2
+)
+
+// Eval runs the plan on input and data (either may be nil: undefined) and
+// returns the result set: one object per result, keyed by query variable,
+// as OPA's Wasm runtime returns it. An empty result set means undefined.
+// Built-in errors are errors (OPA's strict built-in errors mode), and so are
+// conflicting values for one rule.
+func (p *Program) Eval(ctx context.Context, input, data *ast.Term) ([]*ast.Term, error) {
+	st := p.state()
+	defer p.release(st)
+	st.ctx = ctx
+	st.bctx = topdown.BuiltinContext{
+		Context:      ctx,
+		Seed:         rand.Reader,
+		Time:         ast.IntNumberTerm(int(time.Now().UnixNano())),
+		Cache:        st.cache,
+		Capabilities: p.caps,
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	args := []*ast.Term{input, data}
+	if _, err := st.call(p.plan, args); err != nil {
+		return nil, err
+	}
+	return st.results, nil
+}
+
+// Query is the name of the plan: the query OPA planned.
+func (p *Program) Query() string { return p.query }
+
+type state struct {
+	p       *Program
+	ctx     context.Context
+	bctx    topdown.BuiltinContext
+	cache   builtins.Cache
+	memo    []*ast.Term
+	memoSet []bool
+	results []*ast.Term
+	retval  *ast.Term
+	out     *ast.Term
+	outFn   func(*ast.Term) error
+	args    []*ast.Term
+	stack   []*ast.Term // frames' locals, allocated last in first out
+	top     int
+	high    int // highest top since the state was cleared
+	ticks   int
+}
+
+var statePools sync.Map // *Program -> *sync.Pool
+
+func (p *Program) state() *state {
+	pool, _ := statePools.LoadOrStore(p, &sync.Pool{New: func() any {
+		st := &state{p: p, cache: builtins.Cache{}, memo: make([]*ast.Term, p.nmemo), memoSet: make([]bool, p.nmemo), stack: make([]*ast.Term, 1024)}
+		st.outFn = func(t *ast.Term) error {
+			if st.out == nil {
+				st.out = t
+			}
+			return nil
+		}
+		return st
+	}})
+	return pool.(*sync.Pool).Get().(*state)
+}
+
+// release drops every reference the evaluation held and pools the state.
+func (p *Program) release(st *state) {
+	clear(st.memo)
+	clear(st.memoSet)
+	clear(st.stack[:st.high])
+	clear(st.cache)
+	clear(st.args)
+	st.results, st.retval, st.out, st.top, st.high = nil, nil, nil, 0, 0
+	st.ctx, st.bctx = nil, topdown.BuiltinContext{}
+	pool, _ := statePools.Load(p)
+	pool.(*sync.Pool).Put(st)
+}
+
+func (st *state) alloc(n int) []*ast.Term {
+	if st.top+n > len(st.stack) {
+		// Frames already handed out keep the old array; the new one only
+		// serves frames from here on.
+		st.stack = make([]*ast.Term, 2*len(st.stack)+n)
+		st.high = 0
+	}
+	locals := st.stack[st.top : st.top+n : st.top+n]
+	clear(locals)
+	st.top += n
+	st.high = max(st.high, st.top)
+	return locals
+}
+
+// call runs fn with args bound to its parameters and returns its value (nil:
+// undefined). Rules without arguments are computed once per evaluation.
+func (st *state) call(fn *function, args []*ast.Term) (*ast.Term, error) {
+	if fn.memo >= 0 && st.memoSet[fn.memo] {
+		return st.memo[fn.memo], nil
+	}
+	if st.ticks++; st.ticks&0xff == 0 {
+		if err := st.ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+	top := st.top
+	locals := st.alloc(fn.nlocals)
+	switch {
+	case len(fn.params) > 0:
+		for i, prm := range fn.params {
+			locals[prm] = args[i]
+		}
+	default: // the plan: input and data are locals 0 and 1
+		locals[0], locals[1] = args[0], args[1]
+	}
+	var result *ast.Term
+	done := false
+	for _, block := range fn.blocks {
+		r, err := st.run(block, locals)
+		if err != nil {
+			st.top = top
+			return nil, err
+		}
+		if r == returned {
+			result, done = st.retval, true
+			break
+		}
+		if r >= 1 { // a break out of the function's body
+			break
+		}
+	}
+	if !done && fn.ret >= 0 {
+		result = locals[fn.ret]
+	}
+	st.top = top
+	if fn.memo >= 0 {
+		st.memo[fn.memo], st.memoSet[fn.memo] = result, true
+	}
+	return result, nil
+}
+
+func val(o *operand, locals []*ast.Term) *ast.Term {
+	if o.konst != nil {
+		return o.konst
+	}
+	return locals[o.local]
+}
+
+// run executes code, one block. It returns fellThrough when the block ran to
+// its end, returned after a ReturnLocalStmt, or the number of enclosing
+// blocks still to leave: 0 when this block was left (a statement was
+// undefined, or BreakStmt 0).
+func (st *state) run(code []instr, L []*ast.Term) (int, error) {
+	for i := range code {
+		in := &code[i]
+		switch in.op {
+		case opReturn:
+			st.retval = L[in.s]
+			return returned, nil
+		case opCall:
+			if m := in.fn.memo; m >= 0 && st.memoSet[m] {
+				if st.memo[m] == nil {
+					return 0, nil
+				}
+				L[in.t] = st.memo[m]
+				continue
+			}
+			st.args = st.args[:0]
+			for j := range in.args {
+				st.args = append(st.args, val(&in.args[j], L))
+			}
+			// The callee binds the arguments to its own locals before it
+			// runs anything that could reuse st.args.
+			var buf [8]*ast.Term
+			args := buf[:0]
+			if len(st.args) > len(buf) {
+				args = make([]*ast.Term, 0, len(st.args))
+			}
+			args = append(args, st.args...)
+			res, err := st.call(in.fn, args)
+			if err != nil {
+				return 0, err
+			}
+			if res == nil {
+				return 0, nil
+			}
+			L[in.t] = res
+		case opCallBuiltin:
+			st.args = st.args[:0]
+			for j := range in.args {
+				a := val(&in.args[j], L)
+				if a == nil {
+					return 0, nil
+				}
+				st.args = append(st.args, a)
+			}
+			st.out = nil
+			st.bctx.Location = in.bi.loc
+			if err := in.bi.f(st.bctx, st.args, st.outFn); err != nil {
+				var halt topdown.Halt
+				if errors.As(err, &halt) {
+					err = halt.Err
+				}
+				return 0, err
+			}
+			if in.bi.void {
+				continue
+			}
+			if st.out == nil {
+				return 0, nil
+			}
+			L[in.t] = st.out
+		case opBlock:
+			for _, b := range in.blocks {
+				r, err := st.run(b, L)
+				if err != nil || r == returned {
+					return r, err
+				}
+				if r >= 1 {
+					return r - 1, nil
+				}
+			}
+		case opBreak:
+			return int(in.n), nil
+		case opDot:
+			res := dot(val(&in.a, L), val(&in.b, L))
+			if res == nil {
+				return 0, nil
+			}
+			L[in.t] = res
+		case opLen:
+			n, ok := length(val(&in.a, L))
+			if !ok {
+				return 0, nil
+			}
+			L[in.t] = ast.InternedTerm(n)
+		case opScan:
+			r, err := st.scan(in, L)
+			if err != nil || r == returned {
+				return r, err
+			}
+			if r >= 0 {
+				return r, nil
+			}
+		case opNot:
+			r, err := st.run(in.blocks[0], L)
+			switch {
+			case err != nil || r == returned:
+				return r, err
+			case r == fellThrough: // the negated block held: not fails
+				return 0, nil
+			case r >= 1:
+				return r - 1, nil
+			}
+		case opAssignVar:
+			L[in.t] = val(&in.a, L)
+		case opAssignVarOnce:
+			v := val(&in.a, L)
+			if cur := L[in.t]; cur == nil {
+				L[in.t] = v
+			} else if v == nil || ast.Compare(cur.Value, v.Value) != 0 {
+				return 0, conflict(in, "complete rules and functions must not produce multiple outputs")
+			}
+		case opResetLocal:
+			L[in.t] = nil
+		case opMakeNull, opMakeNumberInt, opMakeNumberRef:
+			L[in.t] = in.konst
+		case opMakeArray:
+			L[in.t] = ast.NewTerm(ast.NewArrayWithCapacity(int(in.n)))
+		case opMakeObject:
+			L[in.t] = ast.NewTerm(ast.NewObject())
+		case opMakeSet:
+			L[in.t] = ast.NewTerm(ast.NewSet())
+		case opEqual, opNotEqual:
+			a, b := val(&in.a, L), val(&in.b, L)
+			if a == nil || b == nil {
+				return 0, nil
+			}
+			if (ast.Compare(a.Value, b.Value) == 0) != (in.op == opEqual) {
+				return 0, nil
+			}
+		case opIsArray, opIsObject, opIsSet:
+			if !isType(in.op, val(&in.a, L)) {
+				return 0, nil
+			}
+		case opIsDefined:
+			if L[in.s] == nil {
+				return 0, nil
+			}
+		case opIsUndefined:
+			if L[in.s] != nil {
+				return 0, nil
+			}
+		case opArrayAppend:
+			arr, ok := valueOf[*ast.Array](L[in.t])
+			v := val(&in.a, L)
+			if !ok || v == nil {
+				return 0, internal(in, "ArrayAppendStmt on a non-array")
+			}
+			// In place, like OPA's Wasm runtime: every local holding this
+			// array sees the element.
+			L[in.t].Value = arr.Append(v)
+		case opObjectInsert, opObjectInsertOnce:
+			obj, ok := valueOf[ast.Object](L[in.t])
+			k, v := val(&in.a, L), val(&in.b, L)
+			if !ok || k == nil || v == nil {
+				return 0, internal(in, "ObjectInsertStmt on a non-object")
+			}
+			if in.op == opObjectInsertOnce {
+				if cur := obj.Get(k); cur != nil {
+					if ast.Compare(cur.Value, v.Value) != 0 {
+						return 0, conflict(in, "object keys must be unique")
+					}
+					continue
+				}
+			}
+			obj.Insert(k, v)
+		case opSetAdd:
+			set, ok := valueOf[ast.Set](L[in.t])
+			v := val(&in.a, L)
+			if !ok || v == nil {
+				return 0, internal(in, "SetAddStmt on a non-set")
+			}
+			set.Add(v)
+		case opResultSetAdd:
+			if L[in.s] != nil {
+				st.results = append(st.results, L[in.s])
+			}
+		case opNop:
+		}
+	}
+	return fellThrough, nil
+}
+
+// errStopScan ends a collection's iteration early.
+var errStopScan = errors.New("stop scan")
+
+// scan runs the body once per element. The body sits in a loop inside a
+// block: a break of 0 moves to the next element, 1 ends the scan, more
+// leaves enclosing blocks. It returns fellThrough when the scan completed.
+func (st *state) scan(in *instr, L []*ast.Term) (int, error) {
+	body := in.blocks[0]
+	outcome := fellThrough
+	step := func(k, v *ast.Term) error {
+		L[in.k], L[in.v] = k, v
+		r, err := st.run(body, L)
+		switch {
+		case err != nil:
+			return err
+		case r == returned:
+			outcome = returned
+			return errStopScan
+		case r == 1:
+			return errStopScan
+		case r >= 2:
+			outcome = r - 2
+			return errStopScan
+		}
+		return nil
+	}
+	var err error
+	switch c := valueOrNil(L[in.s]).(type) {
+	case *ast.Array:
+		for i := range c.Len() {
+			if err = step(ast.InternedTerm(i), c.Elem(i)); err != nil {
+				break
+			}
+		}
+	case ast.Object:
+		err = c.Iter(step)
+	case ast.Set:
+		err = c.Iter(func(t *ast.Term) error { return step(t, t) })
+	}
+	if err != nil && err != errStopScan {
+		return 0, err
+	}
+	return outcome, nil
+}
+
+func valueOrNil(t *ast.Term) ast.Value {
+	if t == nil {
+		return nil
+	}
+	return t.Value
+}
+
+func valueOf[T ast.Value](t *ast.Term) (T, bool) {
+	var zero T
+	if t == nil {
+		return zero, false
+	}
+	v, ok := t.Value.(T)
+	return v, ok
+}
+
+// dot is source[key]: an object's value, an array's element, a set's member.
+func dot(src, key *ast.Term) *ast.Term {
+	if src == nil || key == nil {
+		return nil
+	}
+	switch c := src.Value.(type) {
+	case ast.Object:
+		return c.Get(key)
+	case *ast.Array:
+		n, ok := key.Value.(ast.Number)
+		if !ok {
+			return nil
+		}
+		i, ok := n.Int()
+		if !ok || i < 0 || i >= c.Len() {
+			return nil
+		}
+		return c.Elem(i)
+	case ast.Set:
+		if c.Contains(key) {
+			return key
+		}
+	}
+	return nil
+}
+
+func length(t *ast.Term) (int, bool) {
+	switch c := valueOrNil(t).(type) {
+	case *ast.Array:
+		return c.Len(), true
+	case ast.Object:
+		return c.Len(), true
+	case ast.Set:
+		return c.Len(), true
+	case ast.String:
+		return utf8.RuneCountInString(string(c)), true
+	}
+	return 0, false
+}
+
+func isType(op opcode, t *ast.Term) bool {
+	switch valueOrNil(t).(type) {
+	case *ast.Array:
+		return op == opIsArray
+	case ast.Object:
+		return op == opIsObject
+	case ast.Set:
+		return op == opIsSet
+	}
+	return false
+}
+
+func conflict(in *instr, msg string) error {
+	return &topdown.Error{Code: topdown.ConflictErr, Message: msg, Location: location(in)}
+}
+
+func internal(in *instr, msg string) error {
+	return &topdown.Error{Code: topdown.InternalErr, Message: "irvm: " + msg, Location: location(in)}
+}
+
+func location(in *instr) *ast.Location {
+	if in.loc == nil {
+		return nil
+	}
+	return &ast.Location{File: in.file, Row: in.loc.Row, Col: in.loc.Col, Text: in.loc.Text}
+}

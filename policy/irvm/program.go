@@ -1,0 +1,424 @@
+// Package irvm evaluates a query that OPA has compiled and planned: the
+// intermediate representation (package ir) that OPA's own planner produces
+// for its Wasm compiler and for rego target plugins. It keeps one invariant:
+// it runs a plan exactly or not at all. Load refuses any plan that uses a
+// statement or a built-in this package does not implement (ErrUnsupported),
+// so the caller can fall back to OPA's interpreter; it never guesses.
+//
+// Built-in functions are OPA's own implementations (topdown.GetBuiltin), so
+// sprintf, regex.match, net.cidr_contains and the rest behave as they do in
+// opa eval. What this package adds is only the control flow of the plan:
+// blocks, breaks, scans, negation, calls and memoised rules.
+package irvm
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/ir"
+	"github.com/open-policy-agent/opa/v1/topdown"
+	"github.com/open-policy-agent/opa/v1/types"
+)
+
+// ErrUnsupported is returned by Load for plans this package cannot run.
+var ErrUnsupported = errors.New("irvm: plan not supported")
+
+// Program is a loaded plan, immutable and safe for concurrent Eval calls.
+type Program struct {
+	plan   *function // the query's plan, run like a function without params
+	funcs  []*function
+	caps   *ast.Capabilities
+	nmemo  int // functions whose results are memoised per evaluation
+	query  string
+	static []*ast.Term // ir.Static.Strings as string terms
+}
+
+// function is an ir.Func (or the plan) with every reference resolved.
+type function struct {
+	name    string
+	params  []int
+	ret     int
+	blocks  [][]instr
+	nlocals int
+	memo    int // index in the per-evaluation memo table, -1 if not memoised
+}
+
+// operand is a local or a constant.
+type operand struct {
+	local int
+	konst *ast.Term // non-nil: a constant
+}
+
+// instr is one resolved statement.
+type instr struct {
+	op   opcode
+	a, b operand
+	// target, source, key, value locals (meaning depends on op)
+	t, s, k, v int
+	n          int64 // BreakStmt index, MakeNumberInt value
+	konst      *ast.Term
+	blocks     [][]instr // BlockStmt blocks; Scan/Not body is blocks[0]
+	fn         *function // CallStmt to a planned function
+	args       []operand
+	bi         *builtin
+	loc        *ir.Location
+	file       string // the module the statement comes from
+}
+
+type builtin struct {
+	name string
+	f    topdown.BuiltinFunc
+	void bool
+	loc  *ast.Location
+}
+
+type opcode uint8
+
+const (
+	opReturn opcode = iota
+	opCall
+	opCallBuiltin
+	opBlock
+	opBreak
+	opDot
+	opScan
+	opNot
+	opAssignVar
+	opAssignVarOnce
+	opResetLocal
+	opMakeNull
+	opMakeNumberInt
+	opMakeNumberRef
+	opMakeArray
+	opMakeObject
+	opMakeSet
+	opEqual
+	opNotEqual
+	opIsArray
+	opIsObject
+	opIsSet
+	opIsDefined
+	opIsUndefined
+	opArrayAppend
+	opObjectInsert
+	opObjectInsertOnce
+	opSetAdd
+	opResultSetAdd
+	opNop
+	opLen
+)
+
+// Load resolves policy's single plan. caps lists the built-ins the bundle
+// was compiled with; a call to anything else is refused.
+func Load(policy *ir.Policy, caps *ast.Capabilities) (*Program, error) {
+	if policy == nil || policy.Plans == nil || len(policy.Plans.Plans) != 1 {
+		return nil, fmt.Errorf("%w: want exactly one plan", ErrUnsupported)
+	}
+	if len(policy.UnplannedRules) > 0 {
+		return nil, fmt.Errorf("%w: OPA could not plan rule %s", ErrUnsupported, policy.UnplannedRules[0].Path)
+	}
+	p := &Program{caps: caps}
+	l := &loader{p: p, byName: map[string]*function{}, builtins: map[string]*builtin{}}
+	if policy.Static != nil {
+		for _, s := range policy.Static.Strings {
+			p.static = append(p.static, ast.StringTerm(s.Value))
+			l.raw = append(l.raw, s.Value)
+		}
+		for _, f := range policy.Static.Files {
+			l.files = append(l.files, f.Value)
+		}
+	}
+	if caps != nil {
+		l.decls = map[string]*ast.Builtin{}
+		for _, b := range caps.Builtins {
+			l.decls[b.Name] = b
+		}
+	}
+	if policy.Static != nil {
+		for _, b := range policy.Static.BuiltinFuncs {
+			if err := l.declare(b); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var funcs []*ir.Func
+	if policy.Funcs != nil {
+		funcs = policy.Funcs.Funcs
+	}
+	for _, f := range funcs {
+		fn := &function{name: f.Name, ret: int(f.Return), memo: -1}
+		for _, prm := range f.Params {
+			fn.params = append(fn.params, int(prm))
+		}
+		// Rules without arguments take (input, data) and have one value per
+		// evaluation: compute them once, as OPA's Wasm runtime does.
+		if len(f.Params) == 2 {
+			fn.memo = p.nmemo
+			p.nmemo++
+		}
+		l.byName[f.Name] = fn
+		p.funcs = append(p.funcs, fn)
+	}
+	for i, f := range funcs {
+		fn := p.funcs[i]
+		for _, b := range f.Blocks {
+			code, err := l.block(b, fn)
+			if err != nil {
+				return nil, fmt.Errorf("function %s: %w", f.Name, err)
+			}
+			fn.blocks = append(fn.blocks, code)
+		}
+		fn.nlocals = max(fn.nlocals, fn.ret+1)
+		for _, prm := range fn.params {
+			fn.nlocals = max(fn.nlocals, prm+1)
+		}
+	}
+	plan := policy.Plans.Plans[0]
+	p.query = plan.Name
+	p.plan = &function{name: plan.Name, ret: -1, memo: -1, nlocals: int(ir.Data) + 1}
+	for _, b := range plan.Blocks {
+		code, err := l.block(b, p.plan)
+		if err != nil {
+			return nil, fmt.Errorf("plan %s: %w", plan.Name, err)
+		}
+		p.plan.blocks = append(p.plan.blocks, code)
+	}
+	return p, nil
+}
+
+type loader struct {
+	p        *Program
+	byName   map[string]*function
+	builtins map[string]*builtin
+	decls    map[string]*ast.Builtin // from the capabilities; nil: any OPA built-in
+	raw      []string                // ir.Static.Strings
+	files    []string                // ir.Static.Files
+}
+
+func (l *loader) declare(b *ir.BuiltinFunc) error {
+	if l.decls != nil && l.decls[b.Name] == nil {
+		return fmt.Errorf("%w: built-in %s is not in the capabilities", ErrUnsupported, b.Name)
+	}
+	f := topdown.GetBuiltin(b.Name)
+	if f == nil {
+		return fmt.Errorf("%w: built-in %s has no implementation", ErrUnsupported, b.Name)
+	}
+	decl := b.Decl
+	if d := ast.BuiltinMap[b.Name]; d != nil {
+		if d.Relation {
+			return fmt.Errorf("%w: built-in %s is a relation", ErrUnsupported, b.Name)
+		}
+		if d.IsNondeterministic() {
+			return fmt.Errorf("%w: built-in %s is non-deterministic", ErrUnsupported, b.Name)
+		}
+		decl = d.Decl
+	}
+	l.builtins[b.Name] = &builtin{name: b.Name, f: f, void: decl == nil || voidResult(decl)}
+	return nil
+}
+
+func voidResult(decl *types.Function) bool { return decl.Result() == nil }
+
+func (l *loader) operand(o ir.Operand, fn *function) (operand, error) {
+	switch v := o.Value.(type) {
+	case ir.Local:
+		l.use(fn, int(v))
+		return operand{local: int(v)}, nil
+	case ir.Bool:
+		return operand{konst: ast.BooleanTerm(bool(v))}, nil
+	case ir.StringIndex:
+		if int(v) < 0 || int(v) >= len(l.p.static) {
+			return operand{}, fmt.Errorf("string constant %d out of range", v)
+		}
+		return operand{konst: l.p.static[v]}, nil
+	default:
+		return operand{}, fmt.Errorf("%w: operand %T", ErrUnsupported, o.Value)
+	}
+}
+
+func (l *loader) use(fn *function, locals ...int) {
+	for _, x := range locals {
+		fn.nlocals = max(fn.nlocals, x+1)
+	}
+}
+
+func (l *loader) block(b *ir.Block, fn *function) ([]instr, error) {
+	code := make([]instr, 0, len(b.Stmts))
+	for _, s := range b.Stmts {
+		in, err := l.stmt(s, fn)
+		if err != nil {
+			loc := s.GetLocation()
+			return nil, fmt.Errorf("row %d col %d: %w", loc.Row, loc.Col, err)
+		}
+		code = append(code, in)
+	}
+	return code, nil
+}
+
+func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
+	in := instr{loc: s.GetLocation()}
+	if f := in.loc.File; f >= 0 && f < len(l.files) {
+		in.file = l.files[f]
+	}
+	var err error
+	ops := func(dst ...*operand) func(...ir.Operand) {
+		return func(src ...ir.Operand) {
+			for i := range src {
+				if err == nil {
+					*dst[i], err = l.operand(src[i], fn)
+				}
+			}
+		}
+	}
+	switch x := s.(type) {
+	case *ir.ReturnLocalStmt:
+		in.op, in.s = opReturn, int(x.Source)
+		l.use(fn, in.s)
+	case *ir.CallStmt:
+		in.t = int(x.Result)
+		l.use(fn, in.t)
+		in.args = make([]operand, len(x.Args))
+		for i, a := range x.Args {
+			if in.args[i], err = l.operand(a, fn); err != nil {
+				return in, err
+			}
+		}
+		if callee, ok := l.byName[x.Func]; ok {
+			if len(callee.params) != len(x.Args) {
+				return in, fmt.Errorf("call %s: %d arguments for %d parameters", x.Func, len(x.Args), len(callee.params))
+			}
+			in.op, in.fn = opCall, callee
+			return in, nil
+		}
+		bi, ok := l.builtins[x.Func]
+		if !ok {
+			if err := l.declare(&ir.BuiltinFunc{Name: x.Func}); err != nil {
+				return in, err
+			}
+			bi = l.builtins[x.Func]
+		}
+		in.op = opCallBuiltin
+		in.bi = &builtin{name: bi.name, f: bi.f, void: bi.void,
+			loc: &ast.Location{File: in.file, Row: x.Row, Col: x.Col, Text: x.Text}}
+	case *ir.BlockStmt:
+		in.op = opBlock
+		for _, b := range x.Blocks {
+			code, err := l.block(b, fn)
+			if err != nil {
+				return in, err
+			}
+			in.blocks = append(in.blocks, code)
+		}
+	case *ir.BreakStmt:
+		in.op, in.n = opBreak, int64(x.Index)
+	case *ir.DotStmt:
+		in.op, in.t = opDot, int(x.Target)
+		l.use(fn, in.t)
+		ops(&in.a, &in.b)(x.Source, x.Key)
+	case *ir.LenStmt:
+		in.op, in.t = opLen, int(x.Target)
+		l.use(fn, in.t)
+		ops(&in.a)(x.Source)
+	case *ir.ScanStmt:
+		in.op, in.s, in.k, in.v = opScan, int(x.Source), int(x.Key), int(x.Value)
+		l.use(fn, in.s, in.k, in.v)
+		code, err := l.block(x.Block, fn)
+		if err != nil {
+			return in, err
+		}
+		in.blocks = [][]instr{code}
+	case *ir.NotStmt:
+		in.op = opNot
+		code, err := l.block(x.Block, fn)
+		if err != nil {
+			return in, err
+		}
+		in.blocks = [][]instr{code}
+	case *ir.AssignIntStmt:
+		in.op, in.t, in.konst = opAssignVar, int(x.Target), ast.IntNumberTerm(int(x.Value))
+		l.use(fn, in.t)
+		in.a = operand{konst: in.konst}
+	case *ir.AssignVarStmt:
+		in.op, in.t = opAssignVar, int(x.Target)
+		l.use(fn, in.t)
+		ops(&in.a)(x.Source)
+	case *ir.AssignVarOnceStmt:
+		in.op, in.t = opAssignVarOnce, int(x.Target)
+		l.use(fn, in.t)
+		ops(&in.a)(x.Source)
+	case *ir.ResetLocalStmt:
+		in.op, in.t = opResetLocal, int(x.Target)
+		l.use(fn, in.t)
+	case *ir.MakeNullStmt:
+		in.op, in.t, in.konst = opMakeNull, int(x.Target), ast.NullTerm()
+		l.use(fn, in.t)
+	case *ir.MakeNumberIntStmt:
+		in.op, in.t, in.konst = opMakeNumberInt, int(x.Target), ast.IntNumberTerm(int(x.Value))
+		l.use(fn, in.t)
+	case *ir.MakeNumberRefStmt:
+		in.op, in.t = opMakeNumberRef, int(x.Target)
+		l.use(fn, in.t)
+		if x.Index < 0 || x.Index >= len(l.raw) {
+			return in, fmt.Errorf("number constant %d out of range", x.Index)
+		}
+		in.konst = ast.NumberTerm(json.Number(l.raw[x.Index]))
+	case *ir.MakeArrayStmt:
+		in.op, in.t, in.n = opMakeArray, int(x.Target), int64(x.Capacity)
+		l.use(fn, in.t)
+	case *ir.MakeObjectStmt:
+		in.op, in.t = opMakeObject, int(x.Target)
+		l.use(fn, in.t)
+	case *ir.MakeSetStmt:
+		in.op, in.t = opMakeSet, int(x.Target)
+		l.use(fn, in.t)
+	case *ir.EqualStmt:
+		in.op = opEqual
+		ops(&in.a, &in.b)(x.A, x.B)
+	case *ir.NotEqualStmt:
+		in.op = opNotEqual
+		ops(&in.a, &in.b)(x.A, x.B)
+	case *ir.IsArrayStmt:
+		in.op = opIsArray
+		ops(&in.a)(x.Source)
+	case *ir.IsObjectStmt:
+		in.op = opIsObject
+		ops(&in.a)(x.Source)
+	case *ir.IsSetStmt:
+		in.op = opIsSet
+		ops(&in.a)(x.Source)
+	case *ir.IsDefinedStmt:
+		in.op, in.s = opIsDefined, int(x.Source)
+		l.use(fn, in.s)
+	case *ir.IsUndefinedStmt:
+		in.op, in.s = opIsUndefined, int(x.Source)
+		l.use(fn, in.s)
+	case *ir.ArrayAppendStmt:
+		in.op, in.t = opArrayAppend, int(x.Array)
+		l.use(fn, in.t)
+		ops(&in.a)(x.Value)
+	case *ir.ObjectInsertStmt:
+		in.op, in.t = opObjectInsert, int(x.Object)
+		l.use(fn, in.t)
+		ops(&in.a, &in.b)(x.Key, x.Value)
+	case *ir.ObjectInsertOnceStmt:
+		in.op, in.t = opObjectInsertOnce, int(x.Object)
+		l.use(fn, in.t)
+		ops(&in.a, &in.b)(x.Key, x.Value)
+	case *ir.SetAddStmt:
+		in.op, in.t = opSetAdd, int(x.Set)
+		l.use(fn, in.t)
+		ops(&in.a)(x.Value)
+	case *ir.ResultSetAddStmt:
+		in.op, in.s = opResultSetAdd, int(x.Value)
+		l.use(fn, in.s)
+	case *ir.NopStmt:
+		in.op = opNop
+	default:
+		// WithStmt, CallDynamicStmt, ObjectMergeStmt, ...: OPA's interpreter
+		// runs these; this package does not pretend to.
+		return in, fmt.Errorf("%w: statement %T", ErrUnsupported, s)
+	}
+	return in, err
+}

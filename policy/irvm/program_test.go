@@ -1,0 +1,235 @@
+package irvm_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/ir"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"github.com/open-policy-agent/opa/v1/util"
+
+	"github.com/bulkhead-runtime/bulkhead/policy/irvm"
+)
+
+const target = "irvm-test"
+
+type sinkKey struct{}
+
+type capture struct{}
+
+func (capture) IsTarget(t string) bool { return t == target }
+func (capture) PrepareForEval(ctx context.Context, p *ir.Policy, _ ...rego.PrepareOption) (rego.TargetPluginEval, error) {
+	*ctx.Value(sinkKey{}).(**ir.Policy) = p
+	return nil, nil
+}
+
+func init() { rego.RegisterPlugin(target, capture{}) }
+
+// plan compiles module for OPA's planner and loads the plan of query.
+func plan(t *testing.T, module, query string) (*irvm.Program, error) {
+	t.Helper()
+	c := ast.NewCompiler().WithEvalMode(ast.EvalModeIR)
+	c.Compile(map[string]*ast.Module{"m.rego": ast.MustParseModule(module)})
+	if c.Failed() {
+		t.Fatal(c.Errors)
+	}
+	var p *ir.Policy
+	if _, err := rego.New(rego.Query(query), rego.Compiler(c), rego.Target(target)).
+		PrepareForEval(context.WithValue(context.Background(), sinkKey{}, &p)); err != nil {
+		t.Fatal(err)
+	}
+	return irvm.Load(p, ast.CapabilitiesForThisVersion())
+}
+
+// interpret is what OPA's interpreter answers, the reference.
+func interpret(t *testing.T, module, query string, input, data ast.Value) (ast.Value, error) {
+	t.Helper()
+	store := inmem.NewFromObject(map[string]any{})
+	if data != nil {
+		var d map[string]any
+		if err := util.Unmarshal([]byte(data.String()), &d); err != nil {
+			t.Fatal(err)
+		}
+		store = inmem.NewFromObject(d)
+	}
+	keepAST := func(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil }
+	opts := []func(*rego.Rego){rego.Query(query), rego.Module("m.rego", module), rego.Store(store),
+		rego.StrictBuiltinErrors(true), rego.GenerateJSON(keepAST)}
+	if input != nil {
+		opts = append(opts, rego.ParsedInput(input))
+	}
+	rs, err := rego.New(opts...).Eval(context.Background())
+	if err != nil || len(rs) == 0 {
+		return nil, err
+	}
+	return rs[0].Expressions[0].Value.(ast.Value), nil
+}
+
+func run(p *irvm.Program, input, data ast.Value) (ast.Value, error) {
+	var in, d *ast.Term
+	if input != nil {
+		in = ast.NewTerm(input)
+	}
+	if data == nil {
+		data = ast.NewObject()
+	}
+	d = ast.NewTerm(data)
+	rs, err := p.Eval(context.Background(), in, d)
+	if err != nil || len(rs) == 0 {
+		return nil, err
+	}
+	var v ast.Value
+	rs[0].Value.(ast.Object).Foreach(func(_, t *ast.Term) { v = t.Value })
+	return v, nil
+}
+
+// TestPlanMatchesInterpreter runs each Rego construct the planner lowers to
+// a different mix of statements, on inputs that take every branch, and
+// holds the result to OPA's interpreter.
+func TestPlanMatchesInterpreter(t *testing.T) {
+	cases := []struct {
+		name, module string
+		inputs       []string
+		data         string
+		wantErr      string // both must fail, the plan with this in its error
+	}{
+		{name: "else chain", module: `package t
+r := "a" if input.x == 1
+else := "b" if input.x == 2
+else := "c"`, inputs: []string{`{"x": 1}`, `{"x": 2}`, `{"x": 3}`, `{}`}},
+		{name: "default and undefined", module: `package t
+default r := false
+r if { input.a; not input.b }
+s := input.missing.deep`, inputs: []string{`{"a": true}`, `{"a": true, "b": true}`, `{}`, `null`}},
+		{name: "partial set and object", module: `package t
+s contains x if { some x in input.xs; x > 1 }
+o[k] := v if { some k, v in input.m; v != "skip" }
+r := {"s": s, "o": o}`, inputs: []string{`{"xs": [1, 2, 3, 2], "m": {"a": "1", "b": "skip"}}`, `{"xs": [], "m": {}}`, `{"xs": "no"}`}},
+		{name: "comprehensions", module: `package t
+r := {
+	"a": [y | some x in input.xs; y := x * 2],
+	"s": {x | some x in input.xs; x > 1},
+	"o": {sprintf("k%d", [x]): x | some x in input.xs},
+	"n": count([x | some x in input.xs; x > 100]),
+}`, inputs: []string{`{"xs": [1, 2, 3]}`, `{"xs": []}`}},
+		{name: "every and not", module: `package t
+r if {
+	every x in input.xs { x > 0 }
+	not any_negative
+}
+any_negative if { some x in input.xs; x < 0 }`, inputs: []string{`{"xs": [1, 2]}`, `{"xs": [1, -2]}`, `{"xs": []}`, `{"xs": [0]}`}},
+		{name: "functions", module: `package t
+f(x) := "small" if x < 10
+f(x) := "big" if x >= 10
+g(x, y) := x + y
+r := [f(input.n), g(input.n, 1), h(input.n)]
+h(x) := y if { y := x * 3; y > 5 } else := 0`, inputs: []string{`{"n": 1}`, `{"n": 20}`, `{"n": 2}`}},
+		{name: "iteration over sets objects arrays and data", module: `package t
+r := [k | some k, _ in data.d.obj]
+s := [x | some x in {"c", "a", "b"}]
+t := [[i, x] | some i, x in input.arr]
+u := data.d.obj[input.key]`, data: `{"d": {"obj": {"b": 2, "a": 1}}}`,
+			inputs: []string{`{"arr": ["x", "y"], "key": "a"}`, `{"arr": [], "key": "zz"}`}},
+		{name: "membership and builtins", module: `package t
+r := {
+	"in": input.x in {"a", "b"},
+	"cidr": net.cidr_contains("10.0.0.0/8", input.ip),
+	"glob": glob.match("*.local", ["."], input.host),
+	"re": regex.match("^v[0-9]+$", input.version),
+	"union": object.union({"a": 1, "b": 2}, input.o),
+	"get": object.get(input, ["o", "b"], "none"),
+	"units": units.parse_bytes(input.mem),
+	"sort": sort(input.list),
+}`, inputs: []string{`{"x": "a", "ip": "10.1.2.3", "host": "a.local", "version": "v12", "o": {"b": 3}, "mem": "64Gi", "list": [3, 1, 2]}`,
+			`{"x": "z", "ip": "192.168.0.1", "host": "a.b.c", "version": "x", "o": {}, "mem": "1K", "list": []}`}},
+		{name: "complete rule conflict", module: `package t
+r := 1 if input.a
+r := 2 if input.b`, inputs: []string{`{"a": true, "b": true}`}, wantErr: "multiple outputs"},
+		{name: "function conflict", module: `package t
+f(x) := 1 if x > 0
+f(x) := 2 if x > 1
+r := f(input.n)`, inputs: []string{`{"n": 5}`}, wantErr: "multiple outputs"},
+		{name: "object key conflict", module: `package t
+o[k] := v if { some k, v in input.m }
+o[k] := "other" if { some k, _ in input.m }
+r := o`, inputs: []string{`{"m": {"a": "x"}}`}, wantErr: "unique"},
+		{name: "strict built-in error", module: `package t
+r := sprintf("%d", input.notarray)`, inputs: []string{`{"notarray": 1}`}, wantErr: "sprintf"},
+		{name: "arithmetic on a string is undefined, not an error, after a type check", module: `package t
+r := y if { is_number(input.x); y := input.x + 1 } else := "nan"`, inputs: []string{`{"x": 1}`, `{"x": "a"}`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			query := "data.t.r"
+			p, err := plan(t, tc.module, query)
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			var data ast.Value
+			if tc.data != "" {
+				data = ast.MustParseTerm(tc.data).Value
+			}
+			for _, raw := range tc.inputs {
+				input := ast.MustParseTerm(raw).Value
+				want, werr := interpret(t, tc.module, query, input, data)
+				got, gerr := run(p, input, data)
+				if tc.wantErr != "" {
+					if werr == nil || gerr == nil || !strings.Contains(gerr.Error(), tc.wantErr) {
+						t.Fatalf("input %s: want both to fail (%q): interpreter %v, plan %v", raw, tc.wantErr, werr, gerr)
+					}
+					continue
+				}
+				if werr != nil || gerr != nil {
+					t.Fatalf("input %s: interpreter error %v, plan error %v", raw, werr, gerr)
+				}
+				if (want == nil) != (got == nil) || (want != nil && ast.Compare(want, got) != 0) {
+					t.Fatalf("input %s:\ninterpreter %v\nplan        %v", raw, want, got)
+				}
+			}
+		})
+	}
+}
+
+// TestLoadRefusesWhatItDoesNotRun: a plan with `with` (a WithStmt) is
+// refused with ErrUnsupported instead of being run approximately.
+func TestLoadRefusesWhatItDoesNotRun(t *testing.T) {
+	for _, module := range []string{
+		"package t\nf := input.x\nr := y if { y := f with input.x as 1 }", // WithStmt
+		"package t\na.b.c := 1\na.b.d := input.n\nr := a",                 // ObjectMergeStmt
+	} {
+		if _, err := plan(t, module, "data.t.r"); !errors.Is(err, irvm.ErrUnsupported) {
+			t.Fatalf("%s: want ErrUnsupported, got %v", module, err)
+		}
+	}
+	// A built-in outside the capabilities is refused too.
+	c := ast.NewCompiler().WithEvalMode(ast.EvalModeIR)
+	c.Compile(map[string]*ast.Module{"m.rego": ast.MustParseModule("package t\nr := upper(input.s)")})
+	var p *ir.Policy
+	if _, err := rego.New(rego.Query("data.t.r"), rego.Compiler(c), rego.Target(target)).
+		PrepareForEval(context.WithValue(context.Background(), sinkKey{}, &p)); err != nil {
+		t.Fatal(err)
+	}
+	caps := &ast.Capabilities{Builtins: []*ast.Builtin{ast.Equality}}
+	if _, err := irvm.Load(p, caps); !errors.Is(err, irvm.ErrUnsupported) || !strings.Contains(err.Error(), "upper") {
+		t.Fatalf("want ErrUnsupported naming upper, got %v", err)
+	}
+}
+
+// TestEvalHonoursCancellation: an evaluation stops with the context.
+func TestEvalHonoursCancellation(t *testing.T) {
+	p, err := plan(t, `package t
+r := count([x | some x in numbers.range(1, 100000); x % 7 == 0; y := f(x); y > 0])
+f(x) := x + 1`, "data.t.r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := p.Eval(ctx, nil, ast.NewTerm(ast.NewObject())); !errors.Is(err, context.Canceled) {
+		t.Fatalf("want context.Canceled, got %v", err)
+	}
+}

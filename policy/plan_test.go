@@ -1,0 +1,194 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// randomInput draws an input from the corners the default bundle's rules
+// look at: every tenant and tier, unknown and ambiguous namespaces, each
+// runtime handler, host namespaces, privileged and device-hungry
+// containers, pinned and unpinned images, identity annotations, GPU
+// profiles valid and not, counts valid and not, quotas met and exceeded,
+// nodes with and without capacity.
+func randomInput(r *rand.Rand) Input {
+	pick := func(xs ...string) string { return xs[r.IntN(len(xs))] }
+	in := Input{
+		Version:   pick(ContractVersion, ContractVersion, ContractVersion, "v0"),
+		Kind:      pick(KindSandbox, KindSandbox, KindAdmission, KindAdmission, "", "bogus"),
+		Namespace: pick("agents", "research", "platform", "kube-system", "default", ""),
+		Pod: Pod{
+			Name:           pick("p", "agent-7", ""),
+			UID:            pick("", "u-1"),
+			RuntimeHandler: pick("", "bulkhead", "runc", "runsc", "kata"),
+			HostNetwork:    r.IntN(6) == 0,
+			HostPID:        r.IntN(8) == 0,
+			HostIPC:        r.IntN(8) == 0,
+		},
+		Usage: Usage{Sandboxes: r.IntN(60), GPUSlices: r.IntN(30), MemoryBytes: int64(r.IntN(600)) << 30},
+	}
+	if r.IntN(3) == 0 {
+		in.Pod.Annotations = map[string]string{}
+		for range 1 + r.IntN(2) {
+			in.Pod.Annotations[pick("bulkhead.dev/tenant", "bulkhead.dev/tier", "bulkhead.dev/gpu", "team")] =
+				pick("agents", "research", "platform", "untrusted", "trusted", "standard")
+		}
+	}
+	for i := range r.IntN(4) {
+		c := Container{
+			Name:        fmt.Sprintf("c%d", i),
+			Image:       pick("registry.local/agent@sha256:0123", "registry.local/agent:1", "busybox", ""),
+			Privileged:  r.IntN(6) == 0,
+			MemoryBytes: int64(r.IntN(8)) << 30,
+		}
+		for range r.IntN(3) {
+			c.Devices = append(c.Devices, pick("/dev/fuse", "/dev/infiniband/uverbs0", "/dev/nvidia0", "/dev/kvm"))
+		}
+		if r.IntN(3) == 0 {
+			c.Env = map[string]string{"TOKEN": "secret", "MODE": pick("a", "b")}
+		}
+		in.Pod.Containers = append(in.Pod.Containers, c)
+	}
+	if r.IntN(3) > 0 {
+		in.Request.GPU = &GPURequest{
+			Profile: pick("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb", "whole", "1g.18gb+me", "bogus", ""),
+			Count:   []int{-1, 0, 1, 1, 1, 2, 3, 8}[r.IntN(8)],
+		}
+	}
+	in.Request.RDMA = r.IntN(3) == 0
+	in.Request.MemoryBytes = int64(r.IntN(100)) << 30
+	if r.IntN(4) > 0 {
+		in.Node = &Node{Name: pick("node-a", "")}
+		for i := range r.IntN(4) {
+			g := NodeGPU{Index: i, Model: "NVIDIA H200", MIGEnabled: r.IntN(3) > 0, FreeSlices: r.IntN(8)}
+			for range r.IntN(3) {
+				g.Tenants = append(g.Tenants, pick("agents", "research", "platform"))
+			}
+			in.Node.GPUs = append(in.Node.GPUs, g)
+		}
+	}
+	return in
+}
+
+// mangle replaces one value somewhere in v with a value of another type:
+// the inputs a hand-written `policy eval --input` file or a buggy caller
+// produces, where built-ins fail and rules go undefined.
+func mangle(r *rand.Rand, v ast.Value) ast.Value {
+	odd := []*ast.Term{ast.StringTerm("x"), ast.IntNumberTerm(-3), ast.FloatNumberTerm(1.5), ast.BooleanTerm(true),
+		ast.NullTerm(), ast.ArrayTerm(), ast.ObjectTerm(), ast.SetTerm(ast.StringTerm("a"))}
+	var paths []ast.Ref
+	var walk func(prefix ast.Ref, x ast.Value)
+	walk = func(prefix ast.Ref, x ast.Value) {
+		paths = append(paths, prefix)
+		switch c := x.(type) {
+		case ast.Object:
+			c.Foreach(func(k, v *ast.Term) { walk(append(prefix.Copy(), k), v.Value) })
+		case *ast.Array:
+			for i := range c.Len() {
+				walk(append(prefix.Copy(), ast.InternedTerm(i)), c.Elem(i).Value)
+			}
+		}
+	}
+	walk(ast.Ref{}, v)
+	path := paths[1+r.IntN(len(paths)-1)]
+	return replaceAt(v, path, odd[r.IntN(len(odd))])
+}
+
+func replaceAt(v ast.Value, path ast.Ref, with *ast.Term) ast.Value {
+	if len(path) == 0 {
+		return with.Value
+	}
+	switch c := v.(type) {
+	case ast.Object:
+		out := c.Copy()
+		out.Insert(path[0], ast.NewTerm(replaceAt(c.Get(path[0]).Value, path[1:], with)))
+		return out
+	case *ast.Array:
+		i, _ := path[0].Value.(ast.Number).Int()
+		out := c.Copy()
+		out.Set(i, ast.NewTerm(replaceAt(c.Elem(i).Value, path[1:], with)))
+		return out
+	}
+	return v
+}
+
+// TestPlanDecidesAsInterpreter holds the compiled plan to OPA's
+// interpreter: for thousands of drawn inputs, well-formed and mangled, on
+// the default bundle with the demo tenants, both give the same value (or
+// both fail).
+func TestPlanDecidesAsInterpreter(t *testing.T) {
+	e := openDefault(t)
+	snap := e.active.Load()
+	if snap.program == nil {
+		t.Fatalf("the default bundle must run as a plan; fallback reason: %s", snap.planNote)
+	}
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(7, 11))
+	var allowed, denied, failed int
+	inputs := make([]ast.Value, 0, 4000)
+	for _, in := range benchInputs() {
+		inputs = append(inputs, in.astValue())
+	}
+	for range 3000 {
+		in := randomInput(r)
+		inputs = append(inputs, in.astValue())
+	}
+	for i := range 1000 {
+		inputs = append(inputs, mangle(r, inputs[i%len(inputs)]))
+	}
+	for i, input := range inputs {
+		want, werr := snap.evalTopdown(ctx, input)
+		got, gerr := snap.evalPlan(ctx, input)
+		if (werr != nil) != (gerr != nil) || !sameValue(got, want) {
+			t.Fatalf("input %d differs:\ninput:       %v\ninterpreter: %v (error %v)\nplan:        %v (error %v)", i, input, want, werr, got, gerr)
+		}
+		switch {
+		case werr != nil:
+			failed++
+		case want != nil && strings.Contains(want.(ast.Object).Get(ast.StringTerm("allow")).String(), "true"):
+			allowed++
+		default:
+			denied++
+		}
+	}
+	t.Logf("%d inputs: %d allowed, %d denied, %d evaluation errors, identical in both evaluators", len(inputs), allowed, denied, failed)
+	if allowed < 100 || denied < 100 {
+		t.Fatalf("the drawn inputs must reach both answers often: %d allowed, %d denied", allowed, denied)
+	}
+}
+
+// TestEvaluatorOption: topdown is kept on request, and both engines decide
+// alike through Decide.
+func TestEvaluatorOption(t *testing.T) {
+	open := func(evaluator string) *Engine {
+		e, err := Open(context.Background(), Options{
+			BundlePath: repoPath(t, "rego"), DataPath: repoPath(t, "rego/examples/tenants.demo.json"),
+			InsecureSkipVerification: true, Logger: quietLogger(), Evaluator: evaluator,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	plan, topdown := open(""), open(EvaluatorTopdown)
+	if plan.active.Load().program == nil || topdown.active.Load().program != nil {
+		t.Fatal("default must evaluate the plan, topdown must not")
+	}
+	for _, in := range benchInputs() {
+		a, errA := plan.Decide(context.Background(), in)
+		b, errB := topdown.Decide(context.Background(), in)
+		a.ID, b.ID = "", ""
+		if fmt.Sprint(a) != fmt.Sprint(b) || (errA == nil) != (errB == nil) {
+			t.Fatalf("decisions differ:\nplan    %+v %v\ntopdown %+v %v", a, errA, b, errB)
+		}
+	}
+	_, err := Open(context.Background(), Options{BundlePath: repoPath(t, "rego"), InsecureSkipVerification: true, Evaluator: "wasm"})
+	if err == nil || !strings.Contains(err.Error(), "Options.Evaluator") {
+		t.Fatalf("unknown evaluator: got %v", err)
+	}
+}
