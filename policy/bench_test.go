@@ -52,13 +52,19 @@ decision := {
 var latencySample struct {
 	once             sync.Once
 	bundle, baseline []time.Duration
+	// topdown is the same bundle through OPA's interpreter (Options.Evaluator
+	// topdown), the evaluator the plan replaced, on topdownSampleSize decisions.
+	topdown          []time.Duration
 	allowed, refused int
 	// CPU time (user+system, all threads: GC included) per decision; less
 	// sensitive than wall-clock percentiles to a machine shared with others.
-	bundleCPU, baselineCPU time.Duration
+	bundleCPU, baselineCPU, topdownCPU time.Duration
 }
 
-const sampleSize = 100_000
+const (
+	sampleSize        = 100_000
+	topdownSampleSize = 20_000
+)
 
 // processCPU is the CPU time this process has used.
 func processCPU() time.Duration {
@@ -69,9 +75,9 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func measure(b *testing.B, e *Engine, inputs []Input) ([]time.Duration, int, time.Duration) {
+func measure(b *testing.B, e *Engine, inputs []Input, n int) ([]time.Duration, int, time.Duration) {
 	ctx := context.Background()
-	out := make([]time.Duration, sampleSize)
+	out := make([]time.Duration, n)
 	allowed := 0
 	cpu0 := processCPU()
 	for i := range out {
@@ -86,7 +92,7 @@ func measure(b *testing.B, e *Engine, inputs []Input) ([]time.Duration, int, tim
 			allowed++
 		}
 	}
-	cpu := (processCPU() - cpu0) / sampleSize
+	cpu := (processCPU() - cpu0) / time.Duration(n)
 	slices.Sort(out)
 	return out, allowed, cpu
 }
@@ -113,13 +119,18 @@ func BenchmarkDecide(b *testing.B) {
 	latencySample.once.Do(func() {
 		base := openBaseline(b)
 		var baseAllowed int
-		latencySample.baseline, baseAllowed, latencySample.baselineCPU = measure(b, base, inputs)
+		latencySample.baseline, baseAllowed, latencySample.baselineCPU = measure(b, base, inputs, sampleSize)
 		if baseAllowed != sampleSize {
 			b.Fatal("baseline bundle refused a decision")
 		}
 		var allowed int
-		latencySample.bundle, allowed, latencySample.bundleCPU = measure(b, e, inputs)
+		latencySample.bundle, allowed, latencySample.bundleCPU = measure(b, e, inputs, sampleSize)
 		latencySample.allowed, latencySample.refused = allowed, sampleSize-allowed
+		var topdownAllowed int
+		latencySample.topdown, topdownAllowed, latencySample.topdownCPU = measure(b, openTopdown(b), inputs, topdownSampleSize)
+		if topdownAllowed*sampleSize != allowed*topdownSampleSize {
+			b.Fatalf("the interpreter allowed %d of %d, the plan %d of %d", topdownAllowed, topdownSampleSize, allowed, sampleSize)
+		}
 	})
 	decideLoop(b, e, inputs)
 	s := &latencySample
@@ -134,7 +145,23 @@ func BenchmarkDecide(b *testing.B) {
 	b.ReportMetric(float64(s.refused)/sampleSize, "refused-fraction")
 	b.ReportMetric(float64(s.bundleCPU.Nanoseconds()), "cpu-ns/decision")
 	b.ReportMetric(float64(s.baselineCPU.Nanoseconds()), "baseline-cpu-ns/decision")
+	b.ReportMetric(percentile(s.topdown, 0.50), "topdown-p50-ns")
+	b.ReportMetric(percentile(s.topdown, 0.99), "topdown-p99-ns")
+	b.ReportMetric(float64(s.topdownCPU.Nanoseconds()), "topdown-cpu-ns/decision")
+	b.ReportMetric(float64(s.topdownCPU)/float64(s.bundleCPU), "topdown-cpu/plan-cpu")
 	b.ReportMetric(regoSteps(b, e, inputs), "rego-steps/decision")
+}
+
+// openTopdown is the default bundle decided by OPA's interpreter.
+func openTopdown(b *testing.B) *Engine {
+	e, err := Open(context.Background(), Options{
+		BundlePath: repoPath(b, "rego"), DataPath: repoPath(b, "rego/examples/tenants.demo.json"),
+		InsecureSkipVerification: true, Logger: quietLogger(), Evaluator: EvaluatorTopdown,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return e
 }
 
 // stepCounter counts the expressions the evaluator evaluates and

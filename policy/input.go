@@ -12,35 +12,35 @@ import (
 // that rego.EvalInput would make on every decision.
 func (in *Input) astValue() ast.Value {
 	o := ast.NewObjectWithCapacity(7)
-	o.Insert(ast.InternedTerm("version"), ast.StringTerm(in.Version))
-	o.Insert(ast.InternedTerm("kind"), ast.StringTerm(in.Kind))
-	o.Insert(ast.InternedTerm("namespace"), ast.StringTerm(in.Namespace))
-	o.Insert(ast.InternedTerm("pod"), ast.NewTerm(in.Pod.astValue()))
-	o.Insert(ast.InternedTerm("request"), ast.NewTerm(in.Request.astValue()))
-	o.Insert(ast.InternedTerm("usage"), ast.ObjectTerm(
-		ast.Item(ast.InternedTerm("sandboxes"), intTerm(int64(in.Usage.Sandboxes))),
-		ast.Item(ast.InternedTerm("gpu_slices"), intTerm(int64(in.Usage.GPUSlices))),
-		ast.Item(ast.InternedTerm("memory_bytes"), intTerm(in.Usage.MemoryBytes)),
+	o.Insert(key("version"), ast.StringTerm(in.Version))
+	o.Insert(key("kind"), ast.StringTerm(in.Kind))
+	o.Insert(key("namespace"), ast.StringTerm(in.Namespace))
+	o.Insert(key("pod"), ast.NewTerm(in.Pod.astValue()))
+	o.Insert(key("request"), ast.NewTerm(in.Request.astValue()))
+	o.Insert(key("usage"), ast.ObjectTerm(
+		ast.Item(key("sandboxes"), intTerm(int64(in.Usage.Sandboxes))),
+		ast.Item(key("gpu_slices"), intTerm(int64(in.Usage.GPUSlices))),
+		ast.Item(key("memory_bytes"), intTerm(in.Usage.MemoryBytes)),
 	))
 	if in.Node != nil {
-		o.Insert(ast.InternedTerm("node"), ast.NewTerm(in.Node.astValue()))
+		o.Insert(key("node"), ast.NewTerm(in.Node.astValue()))
 	}
 	return o
 }
 
 func (p *Pod) astValue() ast.Value {
 	o := ast.NewObjectWithCapacity(10)
-	o.Insert(ast.InternedTerm("name"), ast.StringTerm(p.Name))
+	o.Insert(key("name"), ast.StringTerm(p.Name))
 	if p.UID != "" {
-		o.Insert(ast.InternedTerm("uid"), ast.StringTerm(p.UID))
+		o.Insert(key("uid"), ast.StringTerm(p.UID))
 	}
 	if len(p.Annotations) > 0 {
-		o.Insert(ast.InternedTerm("annotations"), stringMapTerm(p.Annotations))
+		o.Insert(key("annotations"), stringMapTerm(p.Annotations))
 	}
 	if len(p.Labels) > 0 {
-		o.Insert(ast.InternedTerm("labels"), stringMapTerm(p.Labels))
+		o.Insert(key("labels"), stringMapTerm(p.Labels))
 	}
-	o.Insert(ast.InternedTerm("runtime_handler"), ast.StringTerm(p.RuntimeHandler))
+	o.Insert(key("runtime_handler"), ast.StringTerm(p.RuntimeHandler))
 	insertTrue(o, "host_network", p.HostNetwork)
 	insertTrue(o, "host_pid", p.HostPID)
 	insertTrue(o, "host_ipc", p.HostIPC)
@@ -49,26 +49,26 @@ func (p *Pod) astValue() ast.Value {
 		for i := range p.Containers {
 			cs[i] = ast.NewTerm(p.Containers[i].astValue())
 		}
-		o.Insert(ast.InternedTerm("containers"), ast.ArrayTerm(cs...))
+		o.Insert(key("containers"), ast.ArrayTerm(cs...))
 	}
 	return o
 }
 
 func (c *Container) astValue() ast.Value {
 	o := ast.NewObjectWithCapacity(6)
-	o.Insert(ast.InternedTerm("name"), ast.StringTerm(c.Name))
+	o.Insert(key("name"), ast.StringTerm(c.Name))
 	if c.Image != "" {
-		o.Insert(ast.InternedTerm("image"), ast.StringTerm(c.Image))
+		o.Insert(key("image"), ast.StringTerm(c.Image))
 	}
 	insertTrue(o, "privileged", c.Privileged)
 	if len(c.Devices) > 0 {
-		o.Insert(ast.InternedTerm("devices"), stringsTerm(c.Devices))
+		o.Insert(key("devices"), stringsTerm(c.Devices))
 	}
 	if c.MemoryBytes != 0 {
-		o.Insert(ast.InternedTerm("memory_bytes"), intTerm(c.MemoryBytes))
+		o.Insert(key("memory_bytes"), intTerm(c.MemoryBytes))
 	}
 	if len(c.Env) > 0 {
-		o.Insert(ast.InternedTerm("env"), stringMapTerm(c.Env))
+		o.Insert(key("env"), stringMapTerm(c.Env))
 	}
 	return o
 }
@@ -76,14 +76,14 @@ func (c *Container) astValue() ast.Value {
 func (r *Request) astValue() ast.Value {
 	o := ast.NewObjectWithCapacity(3)
 	if r.GPU != nil {
-		o.Insert(ast.InternedTerm("gpu"), ast.ObjectTerm(
-			ast.Item(ast.InternedTerm("profile"), ast.StringTerm(r.GPU.Profile)),
-			ast.Item(ast.InternedTerm("count"), intTerm(int64(r.GPU.Count))),
+		o.Insert(key("gpu"), ast.ObjectTerm(
+			ast.Item(key("profile"), ast.StringTerm(r.GPU.Profile)),
+			ast.Item(key("count"), intTerm(int64(r.GPU.Count))),
 		))
 	}
 	insertTrue(o, "rdma", r.RDMA)
 	if r.MemoryBytes != 0 {
-		o.Insert(ast.InternedTerm("memory_bytes"), intTerm(r.MemoryBytes))
+		o.Insert(key("memory_bytes"), intTerm(r.MemoryBytes))
 	}
 	return o
 }
@@ -91,30 +91,30 @@ func (r *Request) astValue() ast.Value {
 func (n *Node) astValue() ast.Value {
 	o := ast.NewObjectWithCapacity(2)
 	if n.Name != "" {
-		o.Insert(ast.InternedTerm("name"), ast.StringTerm(n.Name))
+		o.Insert(key("name"), ast.StringTerm(n.Name))
 	}
 	if len(n.GPUs) > 0 {
 		gs := make([]*ast.Term, len(n.GPUs))
 		for i := range n.GPUs {
 			g := ast.NewObjectWithCapacity(5)
 			gpu := &n.GPUs[i]
-			g.Insert(ast.InternedTerm("index"), intTerm(int64(gpu.Index)))
-			g.Insert(ast.InternedTerm("model"), ast.StringTerm(gpu.Model))
-			g.Insert(ast.InternedTerm("mig_enabled"), ast.InternedTerm(gpu.MIGEnabled))
-			g.Insert(ast.InternedTerm("free_slices"), intTerm(int64(gpu.FreeSlices)))
+			g.Insert(key("index"), intTerm(int64(gpu.Index)))
+			g.Insert(key("model"), ast.StringTerm(gpu.Model))
+			g.Insert(key("mig_enabled"), ast.InternedTerm(gpu.MIGEnabled))
+			g.Insert(key("free_slices"), intTerm(int64(gpu.FreeSlices)))
 			if len(gpu.Tenants) > 0 {
-				g.Insert(ast.InternedTerm("tenants"), stringsTerm(gpu.Tenants))
+				g.Insert(key("tenants"), stringsTerm(gpu.Tenants))
 			}
 			gs[i] = ast.NewTerm(g)
 		}
-		o.Insert(ast.InternedTerm("gpus"), ast.ArrayTerm(gs...))
+		o.Insert(key("gpus"), ast.ArrayTerm(gs...))
 	}
 	return o
 }
 
-func insertTrue(o ast.Object, key string, v bool) {
+func insertTrue(o ast.Object, name string, v bool) {
 	if v {
-		o.Insert(ast.InternedTerm(key), ast.InternedTerm(true))
+		o.Insert(key(name), ast.InternedTerm(true))
 	}
 }
 
@@ -134,4 +134,27 @@ func stringMapTerm(m map[string]string) *ast.Term {
 		o.Insert(ast.StringTerm(k), ast.StringTerm(m[k]))
 	}
 	return ast.NewTerm(o)
+}
+
+// inputKeys are the object keys of the input, built once: ast.InternedTerm
+// only interns a few common strings and would allocate these per decision.
+var inputKeys = func() map[string]*ast.Term {
+	m := map[string]*ast.Term{}
+	for _, k := range []string{
+		"version", "kind", "namespace", "pod", "request", "usage", "node",
+		"sandboxes", "gpu_slices", "memory_bytes", "name", "uid", "annotations", "labels",
+		"runtime_handler", "host_network", "host_pid", "host_ipc", "containers",
+		"image", "privileged", "devices", "env", "gpu", "profile", "count", "rdma",
+		"gpus", "index", "model", "mig_enabled", "free_slices", "tenants",
+	} {
+		m[k] = ast.StringTerm(k)
+	}
+	return m
+}()
+
+func key(name string) *ast.Term {
+	if t, ok := inputKeys[name]; ok {
+		return t
+	}
+	return ast.StringTerm(name)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
+	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
 // DefaultConfigPath is where the shim reads its configuration unless the
@@ -82,6 +83,10 @@ type PolicyConfig struct {
 	Data string `toml:"data"`
 	// DecisionLog is a file for decision logs; "-" is stdout, empty is off.
 	DecisionLog string `toml:"decision_log"`
+	// Evaluator is "plan" (default: OPA's compiled plan, falling back to
+	// the interpreter when a bundle needs it) or "topdown" (always OPA's
+	// interpreter). See policy.Options.Evaluator.
+	Evaluator string `toml:"evaluator"`
 }
 
 // PipelineConfig switches the placement pipeline.
@@ -266,6 +271,11 @@ func (c Config) Validate() error {
 	}
 	if c.Pipeline.Enabled && c.Policy.Bundle == "" {
 		return errors.New("policy.bundle: must be set while pipeline.enabled is true (the pipeline fails closed without a policy)")
+	}
+	switch c.Policy.Evaluator {
+	case "", policy.EvaluatorPlan, policy.EvaluatorTopdown:
+	default:
+		return fmt.Errorf("policy.evaluator: %q is not one of %s, %s", c.Policy.Evaluator, policy.EvaluatorPlan, policy.EvaluatorTopdown)
 	}
 	if c.Policy.Bundle != "" && !c.Policy.InsecureSkipVerification && (c.Policy.KeyFile == "" || c.Policy.KeyID == "") {
 		return errors.New("policy.key_file and policy.key_id: must be set to verify the bundle (or set policy.insecure_skip_verification for development)")

@@ -68,6 +68,7 @@ enabled = true
 		{name: "pipeline without policy", doc: "", wantErr: "policy.bundle: must be set"},
 		{name: "rdma vf outside /dev/infiniband", doc: "[pipeline]\nenabled=false\n[rdma.tenant_vfs]\nresearch = [\"/dev/sda\"]\n", wantErr: `rdma.tenant_vfs.research[0]: "/dev/sda" must be under /dev/infiniband`},
 		{name: "bad mig backend", doc: "[pipeline]\nenabled=false\n[mig]\nbackend = \"cuda\"\n", wantErr: `mig.backend: "cuda" is not one of`},
+		{name: "bad policy evaluator", doc: "[pipeline]\nenabled=false\n[policy]\nevaluator = \"wasm\"\n", wantErr: `policy.evaluator: "wasm" is not one of plan, topdown`},
 		{name: "bad cluster cidr", doc: "[pipeline]\nenabled=false\n[netpol]\ncluster_cidrs = [\"10.0.0.0/33\"]\n", wantErr: `netpol.cluster_cidrs[0]`},
 		{name: "bundle without key", doc: "[policy]\nbundle = \"/b\"\n", wantErr: "policy.key_file and policy.key_id"},
 		{name: "wrong type", doc: "debug = \"yes\"\n", wantErr: "line 1"},

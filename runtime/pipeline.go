@@ -128,6 +128,7 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 			InsecureSkipVerification: cfg.Policy.InsecureSkipVerification,
 			DataPath:                 cfg.Policy.Data,
 			DecisionLogFile:          cfg.Policy.DecisionLog,
+			Evaluator:                cfg.Policy.Evaluator,
 		}
 		if cfg.Policy.KeyFile != "" {
 			opts.Keys = map[string]string{cfg.Policy.KeyID: cfg.Policy.KeyFile}

@@ -74,6 +74,7 @@ func policyEval(args []string, stdout, stderr io.Writer) int {
 	keyID := fs.String("key-id", "", "key id the bundle must be signed with (with --key)")
 	scope := fs.String("scope", "", "scope the signature must carry (with --key)")
 	decisionLog := fs.String("decision-log", "", "write the decision log line to FILE, or - for stdout")
+	evaluator := fs.String("evaluator", policy.EvaluatorPlan, "plan (OPA's compiled plan, interpreter as fallback) or topdown (OPA's interpreter)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -90,6 +91,7 @@ func policyEval(args []string, stdout, stderr io.Writer) int {
 		BundlePath:      *bundlePath,
 		DataPath:        *dataPath,
 		DecisionLogFile: *decisionLog,
+		Evaluator:       *evaluator,
 		Logger:          slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if *key != "" {

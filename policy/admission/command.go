@@ -36,6 +36,8 @@ type Config struct {
 	Data                     string
 	// DecisionLog is a file for one JSON line per decision ("-": stdout).
 	DecisionLog string
+	// Evaluator is policy.Options.Evaluator: "plan" (default) or "topdown".
+	Evaluator string
 	// BundlePoll is how often the bundle file is checked for a new revision.
 	BundlePoll time.Duration
 	// Kubeconfig is used outside a cluster; empty means in-cluster config.
@@ -63,6 +65,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.BoolVar(&c.InsecureSkipVerification, "insecure-skip-verification", false, "load the bundle without checking its signature (development only)")
 	fs.StringVar(&c.Data, "data", "", "extra data JSON merged into the bundle's data (unsigned)")
 	fs.StringVar(&c.DecisionLog, "decision-log", "", "decision log file, - for stdout (empty: none)")
+	fs.StringVar(&c.Evaluator, "evaluator", policy.EvaluatorPlan, "policy evaluator: plan (OPA's compiled plan, interpreter as fallback) or topdown (OPA's interpreter)")
 	fs.DurationVar(&c.BundlePoll, "bundle-poll", 10*time.Second, "how often to check the bundle for a new revision")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig outside a cluster (empty: in-cluster)")
 	fs.BoolVar(&c.NoUsage, "no-usage", false, "do not watch pods; quotas see zero usage")
@@ -82,6 +85,8 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 		return c, errors.New("--key is required (or --insecure-skip-verification for development)")
 	case c.Key != "" && (c.KeyID == "" || c.Scope == ""):
 		return c, errors.New("--key-id and --scope are required with --key")
+	case c.Evaluator != policy.EvaluatorPlan && c.Evaluator != policy.EvaluatorTopdown:
+		return c, fmt.Errorf("--evaluator %q: must be %q or %q", c.Evaluator, policy.EvaluatorPlan, policy.EvaluatorTopdown)
 	case c.BundlePoll <= 0:
 		return c, fmt.Errorf("--bundle-poll %v: must be positive", c.BundlePoll)
 	case c.MaxBodyBytes <= 0:
@@ -97,6 +102,7 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 		InsecureSkipVerification: c.InsecureSkipVerification,
 		DataPath:                 c.Data,
 		DecisionLogFile:          c.DecisionLog,
+		Evaluator:                c.Evaluator,
 		Logger:                   logger,
 	}
 	if c.Key != "" {
