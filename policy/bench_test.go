@@ -126,10 +126,14 @@ func BenchmarkDecide(b *testing.B) {
 		var allowed int
 		latencySample.bundle, allowed, latencySample.bundleCPU = measure(b, e, inputs, sampleSize)
 		latencySample.allowed, latencySample.refused = allowed, sampleSize-allowed
-		var topdownAllowed int
-		latencySample.topdown, topdownAllowed, latencySample.topdownCPU = measure(b, openTopdown(b), inputs, topdownSampleSize)
-		if topdownAllowed*sampleSize != allowed*topdownSampleSize {
-			b.Fatalf("the interpreter allowed %d of %d, the plan %d of %d", topdownAllowed, topdownSampleSize, allowed, sampleSize)
+		td := openTopdown(b)
+		latencySample.topdown, _, latencySample.topdownCPU = measure(b, td, inputs, topdownSampleSize)
+		for _, in := range inputs {
+			a, _ := e.Decide(context.Background(), in)
+			t, _ := td.Decide(context.Background(), in)
+			if a.Allow != t.Allow || len(a.Reasons) != len(t.Reasons) {
+				b.Fatalf("%s/%s: the plan and the interpreter disagree: %+v, %+v", in.Namespace, in.Pod.Name, a, t)
+			}
 		}
 	})
 	decideLoop(b, e, inputs)
