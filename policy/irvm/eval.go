@@ -32,9 +32,11 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term) ([]*ast.Term,
 	st.bctx = topdown.BuiltinContext{
 		Context:      ctx,
 		Seed:         rand.Reader,
-		Time:         ast.IntNumberTerm(int(time.Now().UnixNano())),
 		Cache:        st.cache,
 		Capabilities: p.caps,
+	}
+	if p.needsTime {
+		st.bctx.Time = ast.IntNumberTerm(int(time.Now().UnixNano()))
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -281,7 +283,7 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			}
 		case opResetLocal:
 			L[in.t] = nil
-		case opMakeNull, opMakeNumberInt, opMakeNumberRef:
+		case opMakeNull, opMakeNumberInt, opMakeNumberRef, opLoadConst:
 			L[in.t] = in.konst
 		case opMakeArray:
 			L[in.t] = ast.NewTerm(ast.NewArrayWithCapacity(int(in.n)))

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/ir"
@@ -33,6 +34,8 @@ type Program struct {
 	nmemo  int // functions whose results are memoised per evaluation
 	query  string
 	static []*ast.Term // ir.Static.Strings as string terms
+	// needsTime: a built-in of the plan may read the evaluation's clock.
+	needsTime bool
 }
 
 // function is an ir.Func (or the plan) with every reference resolved.
@@ -108,6 +111,7 @@ const (
 	opResultSetAdd
 	opNop
 	opLen
+	opLoadConst // a composite literal folded at load time
 )
 
 // Load resolves policy's single plan. caps lists the built-ins the bundle
@@ -170,6 +174,7 @@ func Load(policy *ir.Policy, caps *ast.Capabilities) (*Program, error) {
 			}
 			fn.blocks = append(fn.blocks, code)
 		}
+		foldLiterals(fn)
 		fn.nlocals = max(fn.nlocals, fn.ret+1)
 		for _, prm := range fn.params {
 			fn.nlocals = max(fn.nlocals, prm+1)
@@ -184,6 +189,10 @@ func Load(policy *ir.Policy, caps *ast.Capabilities) (*Program, error) {
 			return nil, fmt.Errorf("plan %s: %w", plan.Name, err)
 		}
 		p.plan.blocks = append(p.plan.blocks, code)
+	}
+	foldLiterals(p.plan)
+	for _, b := range l.builtins {
+		p.needsTime = p.needsTime || strings.HasPrefix(b.name, "time.") || strings.HasPrefix(b.name, "io.jwt.")
 	}
 	return p, nil
 }
@@ -421,4 +430,160 @@ func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
 		return in, fmt.Errorf("%w: statement %T", ErrUnsupported, s)
 	}
 	return in, err
+}
+
+// foldLiterals replaces each composite literal of fn (a MakeArray,
+// MakeObject or MakeSet followed by inserts of constants, which is how the
+// planner builds `{"warn", "audit"}` or the `[]` of object.get(x, k, []))
+// by its value, built once here instead of on every evaluation. A literal
+// is folded only when nothing reads it before its last insert and no other
+// statement of fn mutates the local it lives in, or a local it is copied
+// to: folded values are shared by every evaluation and never mutated.
+func foldLiterals(fn *function) {
+	inserts, copies := map[int]int{}, map[int][]int{}
+	var scan func(code []instr)
+	scan = func(code []instr) {
+		for i := range code {
+			in := &code[i]
+			if isInsert(in.op) {
+				inserts[in.t]++
+			}
+			if (in.op == opAssignVar || in.op == opAssignVarOnce) && in.a.konst == nil {
+				copies[in.a.local] = append(copies[in.a.local], in.t)
+			}
+			for _, b := range in.blocks {
+				scan(b)
+			}
+		}
+	}
+	for _, b := range fn.blocks {
+		scan(b)
+	}
+	// shared reports whether a value in local x is safe to share: no copy
+	// of it is ever mutated.
+	var shared func(x int, seen map[int]bool) bool
+	shared = func(x int, seen map[int]bool) bool {
+		if seen[x] {
+			return true
+		}
+		seen[x] = true
+		for _, y := range copies[x] {
+			if inserts[y] > 0 || !shared(y, seen) {
+				return false
+			}
+		}
+		return true
+	}
+	var fold func(code []instr) []instr
+	fold = func(code []instr) []instr {
+		known := map[int]*ast.Term{} // locals that hold a constant at this point of the block
+		out := make([]instr, 0, len(code))
+		for i := 0; i < len(code); i++ {
+			in := code[i]
+			for j := range in.blocks {
+				in.blocks[j] = fold(in.blocks[j])
+			}
+			if v, end, n, ok := literal(code, i, known); ok && n == inserts[in.t] && shared(in.t, map[int]bool{}) {
+				// Keep what the window computed besides the literal (numbers
+				// used as its elements), drop the literal's own inserts.
+				out = append(out, instr{op: opLoadConst, t: in.t, konst: v, loc: in.loc, file: in.file})
+				for k := i + 1; k <= end; k++ {
+					if !(isInsert(code[k].op) && code[k].t == in.t) {
+						out = append(out, code[k])
+						known[code[k].t] = code[k].konst
+					}
+				}
+				known[in.t] = v
+				i = end
+				continue
+			}
+			out = append(out, in)
+			if isConstant(in.op) {
+				known[in.t] = in.konst
+			} else {
+				forget(known, &in)
+			}
+		}
+		return out
+	}
+	for i := range fn.blocks {
+		fn.blocks[i] = fold(fn.blocks[i])
+	}
+}
+
+// literal reports whether code[i] starts a foldable literal: its value, the
+// index of its last insert and the number of inserts. Between the Make and
+// that insert only constant producers may run.
+func literal(code []instr, i int, known map[int]*ast.Term) (*ast.Term, int, int, bool) {
+	mk := &code[i]
+	var v ast.Value
+	switch mk.op {
+	case opMakeArray:
+		v = ast.NewArray()
+	case opMakeObject:
+		v = ast.NewObject()
+	case opMakeSet:
+		v = ast.NewSet()
+	default:
+		return nil, 0, 0, false
+	}
+	consts := map[int]*ast.Term{}
+	for x, t := range known {
+		consts[x] = t
+	}
+	value := func(o operand) *ast.Term {
+		if o.konst != nil {
+			return o.konst
+		}
+		return consts[o.local]
+	}
+	end, n := i, 0
+	for k := i + 1; k < len(code); k++ {
+		in := &code[k]
+		if !isInsert(in.op) || in.t != mk.t {
+			if !isConstant(in.op) {
+				break // anything else may read the literal or change its elements
+			}
+			consts[in.t] = in.konst
+			continue
+		}
+		a, b := value(in.a), value(in.b)
+		switch {
+		case in.op == opArrayAppend && a != nil:
+			v = v.(*ast.Array).Append(a)
+		case in.op == opSetAdd && a != nil:
+			v.(ast.Set).Add(a)
+		case in.op == opObjectInsert && a != nil && b != nil:
+			v.(ast.Object).Insert(a, b)
+		default: // an element that is not constant, or an insert that may conflict
+			return nil, 0, 0, false
+		}
+		end, n = k, n+1
+	}
+	return ast.NewTerm(v), end, n, true
+}
+
+func isInsert(op opcode) bool {
+	return op == opArrayAppend || op == opObjectInsert || op == opObjectInsertOnce || op == opSetAdd
+}
+
+// isConstant: the statement sets in.t to in.konst.
+func isConstant(op opcode) bool {
+	return op == opMakeNull || op == opMakeNumberInt || op == opMakeNumberRef || op == opLoadConst
+}
+
+// forget drops from known every local in may write.
+func forget(known map[int]*ast.Term, in *instr) {
+	switch in.op {
+	case opCall, opCallBuiltin, opDot, opLen, opAssignVar, opAssignVarOnce, opResetLocal,
+		opMakeArray, opMakeObject, opMakeSet, opArrayAppend, opObjectInsert, opObjectInsertOnce, opSetAdd:
+		delete(known, in.t)
+	case opScan:
+		delete(known, in.k)
+		delete(known, in.v)
+	}
+	if len(in.blocks) > 0 {
+		// Nested blocks may write any local: keep nothing across them.
+		clear(known)
+	}
 }
