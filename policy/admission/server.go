@@ -11,6 +11,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -62,7 +63,7 @@ func Handler(opts HandlerOptions) (http.Handler, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	v := &validator{opts: opts}
+	v := &validator{opts: opts, slots: make(chan struct{}, runtime.GOMAXPROCS(0))}
 	mux := http.NewServeMux()
 	mux.Handle(PathValidate, v)
 	mux.HandleFunc(PathHealthz, func(w http.ResponseWriter, _ *http.Request) {
@@ -85,6 +86,11 @@ func Handler(opts HandlerOptions) (http.Handler, error) {
 
 type validator struct {
 	opts HandlerOptions
+	// slots bounds the reviews being decoded, decided and encoded at once
+	// to the number of CPUs. A review is CPU-bound: running more at once
+	// only interleaves them and stretches every one, while waiting here
+	// is first come, first served (a channel queues its senders in order).
+	slots chan struct{}
 }
 
 // bufPool recycles request and response buffers across reviews.
@@ -118,6 +124,13 @@ func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if n > v.opts.MaxBodyBytes {
 		v.fail(w, r, http.StatusRequestEntityTooLarge, "too_large",
 			fmt.Sprintf("body: exceeds the limit of %d bytes", v.opts.MaxBodyBytes))
+		return
+	}
+	select {
+	case v.slots <- struct{}{}:
+		defer func() { <-v.slots }()
+	case <-r.Context().Done():
+		v.fail(w, r, http.StatusServiceUnavailable, "cancelled", "request cancelled while waiting: "+r.Context().Err().Error())
 		return
 	}
 	start := time.Now()

@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -408,4 +409,64 @@ func TestHandlerOptionsValidated(t *testing.T) {
 	if _, err := NewCertReloader("/nonexistent/tls.crt", "/nonexistent/tls.key", nil); err == nil || !strings.Contains(err.Error(), "tls certificate") {
 		t.Errorf("NewCertReloader on missing files: %v", err)
 	}
+}
+
+// TestReviewsWaitForACPU: while every review slot is busy a request waits;
+// one whose client gives up while waiting is answered 503 and never
+// reviewed, and a slot that frees up serves the next request.
+func TestReviewsWaitForACPU(t *testing.T) {
+	m := NewMetrics()
+	rev, err := NewReviewer(Options{Decider: staticDecider{decision: policy.Decision{Allow: true}}, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := Handler(HandlerOptions{Reviewer: rev, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v *validator
+	if err := findValidator(h, &v); err != nil {
+		t.Fatal(err)
+	}
+	for range cap(v.slots) {
+		v.slots <- struct{}{}
+	}
+	body, _ := readReview(t, "pod-allowed.json")
+	post := func(ctx context.Context) *httptest.ResponseRecorder {
+		r := httptest.NewRequestWithContext(ctx, http.MethodPost, PathValidate, bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if w := post(ctx); w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "cancelled while waiting") {
+		t.Fatalf("busy and cancelled: got %d %q", w.Code, w.Body.String())
+	}
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- post(context.Background()) }()
+	select {
+	case w := <-done:
+		t.Fatalf("reviewed while every slot was busy: %d", w.Code)
+	case <-time.After(20 * time.Millisecond):
+	}
+	<-v.slots // one review finishes
+	if w := <-done; w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"allowed":true`) {
+		t.Fatalf("after a slot freed: got %d %q", w.Code, w.Body.String())
+	}
+}
+
+// findValidator digs the validator out of Handler's mux.
+func findValidator(h http.Handler, v **validator) error {
+	mux, ok := h.(*http.ServeMux)
+	if !ok {
+		return fmt.Errorf("Handler returned %T, not a ServeMux", h)
+	}
+	r := httptest.NewRequest(http.MethodPost, PathValidate, nil)
+	got, _ := mux.Handler(r)
+	if *v, ok = got.(*validator); !ok {
+		return fmt.Errorf("%s is served by %T", PathValidate, got)
+	}
+	return nil
 }
