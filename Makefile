@@ -31,7 +31,9 @@ test: build tools ## Run every test: unit, Rego (with coverage gate), privileged
 	@# Full verbose output goes to .test.log; the console shows each test's result and any failure.
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -v -count=1 -timeout 30m ./... > $(CURDIR)/.test.log 2>&1; rc=$$?; \
 	grep -E '^(--- (PASS|FAIL|SKIP)|ok |FAIL|panic:|\s+--- (PASS|FAIL|SKIP)|\s+[a-z_]+_test\.go:[0-9]+:)' $(CURDIR)/.test.log; \
-	echo "go test exit status $$rc (full log: .test.log)"; exit $$rc
+	echo "go test exit status $$rc (full log: .test.log)"; [ $$rc -eq 0 ] || exit $$rc; \
+	echo "race detector: policy evaluation shared between goroutines"; \
+	$(GO) test -race -count=1 -run 'TestPlanConcurrent|TestEvalHonoursCancellation|TestServerAdmissionReviews|TestReviewsWaitForACPU' ./policy/...
 
 .PHONY: test-unit
 test-unit: ## Run the unprivileged unit tests only (short mode).

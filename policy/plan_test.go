@@ -192,3 +192,38 @@ func TestEvaluatorOption(t *testing.T) {
 		t.Fatalf("unknown evaluator: got %v", err)
 	}
 }
+
+// TestPlanConcurrent: goroutines sharing one plan (its folded constants,
+// its data) get the interpreter's answers; make test runs it under -race.
+func TestPlanConcurrent(t *testing.T) {
+	e := openDefault(t)
+	snap := e.active.Load()
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(3, 5))
+	inputs := make([]ast.Value, 300)
+	want := make([]ast.Value, len(inputs))
+	for i := range inputs {
+		in := randomInput(r)
+		inputs[i] = in.astValue()
+		want[i], _ = snap.evalTopdown(ctx, inputs[i])
+	}
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for k := range inputs {
+				i := (k + g*75) % len(inputs)
+				got, _ := snap.evalPlan(ctx, inputs[i])
+				if !sameValue(got, want[i]) {
+					errs <- fmt.Errorf("goroutine %d input %d: plan %v, interpreter %v", g, i, got, want[i])
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -69,20 +68,18 @@ type state struct {
 	ticks   int
 }
 
-var statePools sync.Map // *Program -> *sync.Pool
-
 func (p *Program) state() *state {
-	pool, _ := statePools.LoadOrStore(p, &sync.Pool{New: func() any {
-		st := &state{p: p, cache: builtins.Cache{}, memo: make([]*ast.Term, p.nmemo), memoSet: make([]bool, p.nmemo), stack: make([]*ast.Term, 1024)}
-		st.outFn = func(t *ast.Term) error {
-			if st.out == nil {
-				st.out = t
-			}
-			return nil
-		}
+	if st, ok := p.states.Get().(*state); ok {
 		return st
-	}})
-	return pool.(*sync.Pool).Get().(*state)
+	}
+	st := &state{p: p, cache: builtins.Cache{}, memo: make([]*ast.Term, p.nmemo), memoSet: make([]bool, p.nmemo), stack: make([]*ast.Term, 1024)}
+	st.outFn = func(t *ast.Term) error {
+		if st.out == nil {
+			st.out = t
+		}
+		return nil
+	}
+	return st
 }
 
 // release drops every reference the evaluation held and pools the state.
@@ -94,8 +91,7 @@ func (p *Program) release(st *state) {
 	clear(st.args)
 	st.results, st.retval, st.out, st.top, st.high = nil, nil, nil, 0, 0
 	st.ctx, st.bctx = nil, topdown.BuiltinContext{}
-	pool, _ := statePools.Load(p)
-	pool.(*sync.Pool).Put(st)
+	p.states.Put(st)
 }
 
 func (st *state) alloc(n int) []*ast.Term {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/ir"
@@ -36,6 +37,9 @@ type Program struct {
 	static []*ast.Term // ir.Static.Strings as string terms
 	// needsTime: a built-in of the plan may read the evaluation's clock.
 	needsTime bool
+	// states recycles evaluation states (locals, memo table) between Evals;
+	// it goes away with the Program when a bundle is replaced.
+	states sync.Pool
 }
 
 // function is an ir.Func (or the plan) with every reference resolved.
