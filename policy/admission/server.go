@@ -86,8 +86,8 @@ func Handler(opts HandlerOptions) (http.Handler, error) {
 
 type validator struct {
 	opts HandlerOptions
-	// slots bounds the reviews being decoded, decided and encoded at once
-	// to the number of CPUs. A review is CPU-bound: running more at once
+	// slots bounds the reviews being read, decoded, decided, encoded and
+	// sent at once to the number of CPUs. A review is CPU-bound: running more at once
 	// only interleaves them and stretches every one, while waiting here
 	// is first come, first served (a channel queues its senders in order).
 	slots chan struct{}
@@ -113,6 +113,13 @@ func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("body of %d bytes: exceeds the limit of %d bytes", r.ContentLength, v.opts.MaxBodyBytes))
 		return
 	}
+	select {
+	case v.slots <- struct{}{}:
+		defer func() { <-v.slots }()
+	case <-r.Context().Done():
+		v.fail(w, r, http.StatusServiceUnavailable, "cancelled", "request cancelled while waiting: "+r.Context().Err().Error())
+		return
+	}
 	buf := bufPool.Get().(*bytes.Buffer)
 	defer bufPool.Put(buf)
 	buf.Reset()
@@ -124,13 +131,6 @@ func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if n > v.opts.MaxBodyBytes {
 		v.fail(w, r, http.StatusRequestEntityTooLarge, "too_large",
 			fmt.Sprintf("body: exceeds the limit of %d bytes", v.opts.MaxBodyBytes))
-		return
-	}
-	select {
-	case v.slots <- struct{}{}:
-		defer func() { <-v.slots }()
-	case <-r.Context().Done():
-		v.fail(w, r, http.StatusServiceUnavailable, "cancelled", "request cancelled while waiting: "+r.Context().Err().Error())
 		return
 	}
 	start := time.Now()
@@ -149,6 +149,9 @@ func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	v.opts.Metrics.observeLatency(time.Since(start))
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(buf.Bytes())
+	// Encrypt and send while holding the slot: that is CPU work of this
+	// review too, and doing it after would let later requests overtake.
+	_ = http.NewResponseController(w).Flush()
 }
 
 // decodeReview reads an admission.k8s.io/v1 AdmissionReview with a request.
