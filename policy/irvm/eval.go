@@ -47,9 +47,6 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term) ([]*ast.Term,
 	return st.results, nil
 }
 
-// Query is the name of the plan: the query OPA planned.
-func (p *Program) Query() string { return p.query }
-
 type state struct {
 	p       *Program
 	ctx     context.Context

@@ -32,8 +32,7 @@ type Program struct {
 	plan   *function // the query's plan, run like a function without params
 	funcs  []*function
 	caps   *ast.Capabilities
-	nmemo  int // functions whose results are memoised per evaluation
-	query  string
+	nmemo  int         // functions whose results are memoised per evaluation
 	static []*ast.Term // ir.Static.Strings as string terms
 	// needsTime: a built-in of the plan may read the evaluation's clock.
 	needsTime bool
@@ -185,7 +184,6 @@ func Load(policy *ir.Policy, caps *ast.Capabilities) (*Program, error) {
 		}
 	}
 	plan := policy.Plans.Plans[0]
-	p.query = plan.Name
 	p.plan = &function{name: plan.Name, ret: -1, memo: -1, nlocals: int(ir.Data) + 1}
 	for _, b := range plan.Blocks {
 		code, err := l.block(b, p.plan)
@@ -262,13 +260,34 @@ func (l *loader) block(b *ir.Block, fn *function) ([]instr, error) {
 	for _, s := range b.Stmts {
 		in, err := l.stmt(s, fn)
 		if err != nil {
-			loc := s.GetLocation()
-			return nil, fmt.Errorf("row %d col %d: %w", loc.Row, loc.Col, err)
+			var located *locatedError
+			if !errors.As(err, &located) { // the innermost statement names the place
+				loc := s.GetLocation()
+				file := ""
+				if loc.File >= 0 && loc.File < len(l.files) {
+					file = l.files[loc.File]
+				}
+				err = &locatedError{file: file, row: loc.Row, col: loc.Col, err: err}
+			}
+			return nil, err
 		}
 		code = append(code, in)
 	}
 	return code, nil
 }
+
+// locatedError names the Rego source of a statement Load refused.
+type locatedError struct {
+	file     string
+	row, col int
+	err      error
+}
+
+func (e *locatedError) Error() string {
+	return fmt.Sprintf("%s:%d:%d: %v", e.file, e.row, e.col, e.err)
+}
+
+func (e *locatedError) Unwrap() error { return e.err }
 
 func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
 	in := instr{loc: s.GetLocation()}

@@ -32,8 +32,12 @@ func init() { rego.RegisterPlugin(target, capture{}) }
 // plan compiles module for OPA's planner and loads the plan of query.
 func plan(t *testing.T, module, query string) (*irvm.Program, error) {
 	t.Helper()
+	m, err := ast.ParseModule("m.rego", module)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := ast.NewCompiler().WithEvalMode(ast.EvalModeIR)
-	c.Compile(map[string]*ast.Module{"m.rego": ast.MustParseModule(module)})
+	c.Compile(map[string]*ast.Module{"m.rego": m})
 	if c.Failed() {
 		t.Fatal(c.Errors)
 	}
@@ -201,8 +205,13 @@ func TestLoadRefusesWhatItDoesNotRun(t *testing.T) {
 		"package t\nf := input.x\nr := y if { y := f with input.x as 1 }", // WithStmt
 		"package t\na.b.c := 1\na.b.d := input.n\nr := a",                 // ObjectMergeStmt
 	} {
-		if _, err := plan(t, module, "data.t.r"); !errors.Is(err, irvm.ErrUnsupported) {
+		_, err := plan(t, module, "data.t.r")
+		if !errors.Is(err, irvm.ErrUnsupported) {
 			t.Fatalf("%s: want ErrUnsupported, got %v", module, err)
+		}
+		// The error names the refused statement's place in the module, once.
+		if strings.Count(err.Error(), "m.rego:") != 1 {
+			t.Fatalf("%s: want one m.rego:ROW:COL in %q", module, err)
 		}
 	}
 	// A built-in outside the capabilities is refused too.
