@@ -28,6 +28,9 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term) ([]*ast.Term,
 	st := p.state()
 	defer p.release(st)
 	st.ctx = ctx
+	st.input = input
+	p.cacheData.CompareAndSwap(nil, data)
+	st.cached = data != nil && p.cacheData.Load() == data
 	st.bctx = topdown.BuiltinContext{
 		Context:      ctx,
 		Seed:         rand.Reader,
@@ -50,6 +53,8 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term) ([]*ast.Term,
 type state struct {
 	p       *Program
 	ctx     context.Context
+	input   *ast.Term
+	cached  bool // rule caches apply: this evaluation has the Program's data
 	bctx    topdown.BuiltinContext
 	cache   builtins.Cache
 	memo    []*ast.Term
@@ -86,7 +91,7 @@ func (p *Program) release(st *state) {
 	clear(st.stack[:st.high])
 	clear(st.cache)
 	clear(st.args)
-	st.results, st.retval, st.out, st.top, st.high = nil, nil, nil, 0, 0
+	st.results, st.retval, st.out, st.top, st.high, st.input = nil, nil, nil, 0, 0, nil
 	st.ctx, st.bctx = nil, topdown.BuiltinContext{}
 	p.states.Put(st)
 }
@@ -178,6 +183,20 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 				L[in.t] = st.memo[m]
 				continue
 			}
+			var kb [4]keyPart
+			var key []keyPart
+			var h uint64
+			if c := in.fn.cache; c != nil && st.cached && c.active() {
+				key, h = c.key(st.input, kb[:0])
+				if v, ok := c.get(key, h); ok {
+					st.memo[in.fn.memo], st.memoSet[in.fn.memo] = v, true
+					if v == nil {
+						return 0, nil
+					}
+					L[in.t] = v
+					continue
+				}
+			}
 			st.args = st.args[:0]
 			for j := range in.args {
 				st.args = append(st.args, val(&in.args[j], L))
@@ -193,6 +212,9 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			res, err := st.call(in.fn, args)
 			if err != nil {
 				return 0, err
+			}
+			if key != nil {
+				in.fn.cache.put(key, h, res)
 			}
 			if res == nil {
 				return 0, nil

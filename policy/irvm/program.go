@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/ir"
@@ -39,6 +40,9 @@ type Program struct {
 	// states recycles evaluation states (locals, memo table) between Evals;
 	// it goes away with the Program when a bundle is replaced.
 	states sync.Pool
+	// cacheData is the data of the first evaluation: rule caches serve
+	// only evaluations with that same data.
+	cacheData atomic.Pointer[ast.Term]
 }
 
 // function is an ir.Func (or the plan) with every reference resolved.
@@ -48,7 +52,8 @@ type function struct {
 	ret     int
 	blocks  [][]instr
 	nlocals int
-	memo    int // index in the per-evaluation memo table, -1 if not memoised
+	memo    int        // index in the per-evaluation memo table, -1 if not memoised
+	cache   *ruleCache // values kept across evaluations; nil if not cached
 }
 
 // operand is a local or a constant.
@@ -193,6 +198,7 @@ func Load(policy *ir.Policy, caps *ast.Capabilities) (*Program, error) {
 		p.plan.blocks = append(p.plan.blocks, code)
 	}
 	foldLiterals(p.plan)
+	planCaches(p)
 	for _, b := range l.builtins {
 		p.needsTime = p.needsTime || strings.HasPrefix(b.name, "time.") || strings.HasPrefix(b.name, "io.jwt.")
 	}

@@ -73,15 +73,13 @@ func interpret(t *testing.T, module, query string, input, data ast.Value) (ast.V
 	return rs[0].Expressions[0].Value.(ast.Value), nil
 }
 
-func run(p *irvm.Program, input, data ast.Value) (ast.Value, error) {
-	var in, d *ast.Term
+// run evaluates p on input and data; d is data as a term, kept for the
+// whole test as an engine keeps it for a bundle revision.
+func run(p *irvm.Program, input ast.Value, d *ast.Term) (ast.Value, error) {
+	var in *ast.Term
 	if input != nil {
 		in = ast.NewTerm(input)
 	}
-	if data == nil {
-		data = ast.NewObject()
-	}
-	d = ast.NewTerm(data)
 	rs, err := p.Eval(context.Background(), in, d)
 	if err != nil || len(rs) == 0 {
 		return nil, err
@@ -173,14 +171,15 @@ r := y if { is_number(input.x); y := input.x + 1 } else := "nan"`, inputs: []str
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
-			var data ast.Value
+			var data ast.Value = ast.NewObject()
 			if tc.data != "" {
 				data = ast.MustParseTerm(tc.data).Value
 			}
+			dataTerm := ast.NewTerm(data)
 			for _, raw := range tc.inputs {
 				input := ast.MustParseTerm(raw).Value
 				want, werr := interpret(t, tc.module, query, input, data)
-				got, gerr := run(p, input, data)
+				got, gerr := run(p, input, dataTerm)
 				if tc.wantErr != "" {
 					if werr == nil || gerr == nil || !strings.Contains(gerr.Error(), tc.wantErr) {
 						t.Fatalf("input %s: want both to fail (%q): interpreter %v, plan %v", raw, tc.wantErr, werr, gerr)
@@ -240,5 +239,108 @@ f(x) := x + 1`, "data.t.r")
 	cancel()
 	if _, err := p.Eval(ctx, nil, ast.NewTerm(ast.NewObject())); !errors.Is(err, context.Canceled) {
 		t.Fatalf("want context.Canceled, got %v", err)
+	}
+}
+
+// TestRuleCacheFollowsInput evaluates one plan over a sequence of inputs
+// that change, one at a time, a value some rule reads and values none
+// reads, so that rules cached across evaluations must notice exactly the
+// changes that matter. Every answer is held to the interpreter, and the
+// caches must have served lookups (or the test proves nothing).
+func TestRuleCacheFollowsInput(t *testing.T) {
+	const module = `package t
+import rego.v1
+
+# Rules of every shape the planner lowers. Each has a default so that r,
+# which shows them all, is defined whatever the input lacks.
+default tenant := "-"
+default settings := "-"
+default flag := "-"
+default deep := "-"
+default exists := "-"
+default pod := "-"
+default names := "-"
+default first := "-"
+default allowed := "-"
+default by_key := "-"
+default via_func := "-"
+default ex1 := "-"
+default ex2 := "-"
+default up := "-"
+default n_containers := "-"
+
+tenant := data.tenants[input.namespace]
+settings := object.union({"limit": 0, "tags": []}, data.tiers[tenant.tier])
+flag if input.a.b
+deep := sprintf("%v/%v", [input.a.b, count(settings.tags)])
+exists if { _ := input.a.c }
+pod := input.pod
+names := [c.name | some c in input.pod.containers]
+first := input.pod.containers[0].image
+allowed if { not input.deny; settings.limit > 2 }
+by_key := data.lookup[input.key]
+via_func := f(input.n)
+f(x) := y if { y := x * settings.limit; y > 0 } else := -1
+whole := count(input)
+ex1 if { _ = input.a.c }
+ex2 := "yes" if { input.a.c } else := "no"
+up := upper(input.s)
+n_containers := count(input.pod.containers)
+r := {
+	"ex1": ex1, "ex2": ex2, "up": up, "n_containers": n_containers,
+	"tenant": tenant, "settings": settings, "flag": flag, "deep": deep, "exists": exists,
+	"pod": pod, "names": names, "first": first, "allowed": allowed, "by_key": by_key,
+	"via_func": via_func, "whole": whole,
+}`
+	data := ast.MustParseTerm(`{
+		"tenants": {"a": {"tier": "t1"}, "b": {"tier": "t2"}},
+		"tiers": {"t1": {"limit": 3, "tags": ["x"]}, "t2": {"limit": 1}},
+		"lookup": {"k1": "one", "k2": "two"}
+	}`).Value
+	inputs := []string{
+		`{"namespace": "a", "a": {"b": true}, "pod": {"containers": [{"name": "c", "image": "i"}]}, "key": "k1", "n": 2}`,
+		`{"namespace": "a", "a": {"b": true}, "pod": {"containers": [{"name": "c", "image": "i"}]}, "key": "k1", "n": 2}`,
+		`{"namespace": "b", "a": {"b": true}, "pod": {"containers": [{"name": "c", "image": "i"}]}, "key": "k1", "n": 2}`,
+		`{"namespace": "b", "a": {"b": false}, "pod": {"containers": [{"name": "c", "image": "i"}]}, "key": "k1", "n": 2}`,
+		`{"namespace": "b", "a": {"b": false, "c": 1}, "pod": {"containers": [{"name": "c", "image": "i"}]}, "key": "k1", "n": 2}`,
+		`{"namespace": "b", "a": {"b": false, "c": false}, "pod": {"containers": [{"name": "c", "image": "i"}]}, "key": "k1", "n": 2, "s": "x"}`,
+		`{"namespace": "b", "a": {"b": false, "c": null}, "pod": {"containers": [{"name": "c", "image": "i"}, {"name": "e"}]}, "key": "k1", "n": 2, "s": "y"}`,
+		`{"namespace": "b", "a": 7, "pod": {"containers": [{"name": "c", "image": "i"}]}, "key": "k1", "n": 2}`,
+		`{"namespace": "b", "pod": {"containers": [{"name": "c", "image": "i"}]}, "key": "k1", "n": 2}`,
+		`{"namespace": "a", "a": {"b": true}, "pod": {"containers": [{"name": "d", "image": "i"}]}, "key": "k1", "n": 2}`,
+		`{"namespace": "a", "a": {"b": true}, "pod": {"containers": [{"name": "d", "image": "j"}], "extra": 1}, "key": "k2", "n": 2}`,
+		`{"namespace": "a", "a": {"b": true}, "pod": {"containers": []}, "key": "k2", "n": 5, "deny": true}`,
+		`{"namespace": "a", "a": {"b": true}, "pod": {"containers": []}, "key": "k2", "n": 5, "deny": true, "unread": 1}`,
+		`{"namespace": "zz", "a": {"b": true}, "pod": {}, "key": "nope", "n": 0}`,
+		`{"namespace": "a"}`,
+		`{"namespace": "a", "a": {"b": true}, "pod": {"containers": [{"name": "c", "image": "i"}]}, "key": "k1", "n": 2}`,
+	}
+	defer irvm.CacheEveryRule()()
+	p, err := plan(t, module, "data.t.r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataTerm := ast.NewTerm(data)
+	// Twice over: the second round starts with full caches.
+	for round := range 2 {
+		for i, raw := range inputs {
+			input := ast.MustParseTerm(raw).Value
+			want, werr := interpret(t, module, "data.t.r", input, data)
+			got, gerr := run(p, input, dataTerm)
+			if werr != nil || gerr != nil {
+				t.Fatalf("round %d input %d: interpreter error %v, plan error %v", round, i, werr, gerr)
+			}
+			if (want == nil) != (got == nil) || (want != nil && ast.Compare(want, got) != 0) {
+				t.Fatalf("round %d input %d %s:\ninterpreter %v\nplan        %v", round, i, raw, want, got)
+			}
+		}
+	}
+	s := p.CacheStats()
+	if s.Rules < 10 || s.Hits == 0 {
+		t.Fatalf("the caches were not exercised: %+v", s)
+	}
+	t.Logf("rule caches: %+v", s)
+	for name, key := range p.CachedRules() {
+		t.Logf("%s: %s", name, key)
 	}
 }
