@@ -156,7 +156,11 @@ func TestPlanDecidesAsInterpreter(t *testing.T) {
 			denied++
 		}
 	}
-	t.Logf("%d inputs: %d allowed, %d denied, %d evaluation errors, identical in both evaluators", len(inputs), allowed, denied, failed)
+	stats := snap.program.CacheStats()
+	t.Logf("%d inputs: %d allowed, %d denied, %d evaluation errors, identical in both evaluators; rule caches %+v", len(inputs), allowed, denied, failed, stats)
+	if stats.Hits == 0 {
+		t.Fatal("the rule caches served nothing: this test must exercise them")
+	}
 	if allowed < 100 || denied < 100 {
 		t.Fatalf("the drawn inputs must reach both answers often: %d allowed, %d denied", allowed, denied)
 	}
