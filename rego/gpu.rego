@@ -109,7 +109,9 @@ findings contains {
 	used_slices + requested_slices > settings.max_slices
 }
 
-used_slices := object.get(input, ["usage", "gpu_slices"], 0)
+default used_slices := 0
+
+used_slices := input.usage.gpu_slices
 
 # Node capacity is only known to the node: admission decisions skip it.
 on_node if input.kind == "sandbox"

@@ -10,14 +10,20 @@ import data.bulkhead.identity
 quota := identity.config.quota
 
 # usage is the tenant's consumption; a missing field counts as zero.
-usage := object.union({"sandboxes": 0, "gpu_slices": 0, "memory_bytes": 0}, object.get(input, "usage", {}))
+usage := object.union({"sandboxes": 0, "gpu_slices": 0, "memory_bytes": 0}, reported_usage)
+
+default reported_usage := {}
+
+reported_usage := input.usage
 
 # memory_pattern is what units.parse_bytes accepts for a Kubernetes quantity.
 memory_pattern := `^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$`
 
 memory_limit := units.parse_bytes(quota.memory) if regex.match(memory_pattern, quota.memory)
 
-requested_memory := object.get(input, ["request", "memory_bytes"], 0)
+default requested_memory := 0
+
+requested_memory := input.request.memory_bytes
 
 findings contains {
 	"rule": "quota.sandboxes",
