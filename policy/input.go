@@ -3,6 +3,8 @@ package policy
 import (
 	"maps"
 	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -12,9 +14,9 @@ import (
 // that rego.EvalInput would make on every decision.
 func (in *Input) astValue() ast.Value {
 	o := ast.NewObjectWithCapacity(7)
-	o.Insert(key("version"), ast.StringTerm(in.Version))
-	o.Insert(key("kind"), ast.StringTerm(in.Kind))
-	o.Insert(key("namespace"), ast.StringTerm(in.Namespace))
+	o.Insert(key("version"), common(in.Version))
+	o.Insert(key("kind"), common(in.Kind))
+	o.Insert(key("namespace"), common(in.Namespace))
 	o.Insert(key("pod"), ast.NewTerm(in.Pod.astValue()))
 	o.Insert(key("request"), ast.NewTerm(in.Request.astValue()))
 	o.Insert(key("usage"), ast.ObjectTerm(
@@ -40,7 +42,7 @@ func (p *Pod) astValue() ast.Value {
 	if len(p.Labels) > 0 {
 		o.Insert(key("labels"), stringMapTerm(p.Labels))
 	}
-	o.Insert(key("runtime_handler"), ast.StringTerm(p.RuntimeHandler))
+	o.Insert(key("runtime_handler"), common(p.RuntimeHandler))
 	insertTrue(o, "host_network", p.HostNetwork)
 	insertTrue(o, "host_pid", p.HostPID)
 	insertTrue(o, "host_ipc", p.HostIPC)
@@ -56,13 +58,13 @@ func (p *Pod) astValue() ast.Value {
 
 func (c *Container) astValue() ast.Value {
 	o := ast.NewObjectWithCapacity(6)
-	o.Insert(key("name"), ast.StringTerm(c.Name))
+	o.Insert(key("name"), common(c.Name))
 	if c.Image != "" {
-		o.Insert(key("image"), ast.StringTerm(c.Image))
+		o.Insert(key("image"), common(c.Image))
 	}
 	insertTrue(o, "privileged", c.Privileged)
 	if len(c.Devices) > 0 {
-		o.Insert(key("devices"), stringsTerm(c.Devices))
+		o.Insert(key("devices"), commonStrings(c.Devices))
 	}
 	if c.MemoryBytes != 0 {
 		o.Insert(key("memory_bytes"), intTerm(c.MemoryBytes))
@@ -77,7 +79,7 @@ func (r *Request) astValue() ast.Value {
 	o := ast.NewObjectWithCapacity(3)
 	if r.GPU != nil {
 		o.Insert(key("gpu"), ast.ObjectTerm(
-			ast.Item(key("profile"), ast.StringTerm(r.GPU.Profile)),
+			ast.Item(key("profile"), common(r.GPU.Profile)),
 			ast.Item(key("count"), intTerm(int64(r.GPU.Count))),
 		))
 	}
@@ -91,7 +93,7 @@ func (r *Request) astValue() ast.Value {
 func (n *Node) astValue() ast.Value {
 	o := ast.NewObjectWithCapacity(2)
 	if n.Name != "" {
-		o.Insert(key("name"), ast.StringTerm(n.Name))
+		o.Insert(key("name"), common(n.Name))
 	}
 	if len(n.GPUs) > 0 {
 		gs := make([]*ast.Term, len(n.GPUs))
@@ -99,11 +101,11 @@ func (n *Node) astValue() ast.Value {
 			g := ast.NewObjectWithCapacity(5)
 			gpu := &n.GPUs[i]
 			g.Insert(key("index"), intTerm(int64(gpu.Index)))
-			g.Insert(key("model"), ast.StringTerm(gpu.Model))
+			g.Insert(key("model"), common(gpu.Model))
 			g.Insert(key("mig_enabled"), ast.InternedTerm(gpu.MIGEnabled))
 			g.Insert(key("free_slices"), intTerm(int64(gpu.FreeSlices)))
 			if len(gpu.Tenants) > 0 {
-				g.Insert(key("tenants"), stringsTerm(gpu.Tenants))
+				g.Insert(key("tenants"), commonStrings(gpu.Tenants))
 			}
 			gs[i] = ast.NewTerm(g)
 		}
@@ -119,14 +121,6 @@ func insertTrue(o ast.Object, name string, v bool) {
 }
 
 func intTerm(v int64) *ast.Term { return ast.InternedTerm(v) }
-
-func stringsTerm(ss []string) *ast.Term {
-	ts := make([]*ast.Term, len(ss))
-	for i, s := range ss {
-		ts[i] = ast.StringTerm(s)
-	}
-	return ast.ArrayTerm(ts...)
-}
 
 func stringMapTerm(m map[string]string) *ast.Term {
 	o := ast.NewObjectWithCapacity(len(m))
@@ -157,4 +151,37 @@ func key(name string) *ast.Term {
 		return t
 	}
 	return ast.StringTerm(name)
+}
+
+// common is the string term of a value that recurs from one decision to
+// the next (a namespace, a handler, an image, a GPU model), made once and
+// shared: terms are never modified. Values unique to a pod (its name, uid,
+// annotations) and anything secret (environment values) are not passed
+// here. The table stops growing at maxCommon entries.
+func common(s string) *ast.Term {
+	if t, ok := commonTerms.Load(s); ok {
+		return t.(*ast.Term)
+	}
+	t := ast.StringTerm(s)
+	if len(s) <= 256 && commonCount.Load() < maxCommon {
+		if _, loaded := commonTerms.LoadOrStore(s, t); !loaded {
+			commonCount.Add(1)
+		}
+	}
+	return t
+}
+
+const maxCommon = 16384
+
+var (
+	commonTerms sync.Map // string -> *ast.Term
+	commonCount atomic.Int64
+)
+
+func commonStrings(ss []string) *ast.Term {
+	ts := make([]*ast.Term, len(ss))
+	for i, s := range ss {
+		ts[i] = common(s)
+	}
+	return ast.ArrayTerm(ts...)
 }

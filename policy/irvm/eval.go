@@ -65,9 +65,14 @@ type state struct {
 	outFn   func(*ast.Term) error
 	args    []*ast.Term
 	stack   []*ast.Term // frames' locals, allocated last in first out
-	top     int
-	high    int // highest top since the state was cleared
-	ticks   int
+	frame   scanFrame   // the innermost scan running
+	// objectStep is scanStep as the func ast.Object.Iter takes, made once
+	// per state rather than once per scan.
+	objectStep func(k, v *ast.Term) error
+	keys       []keyPart // cache keys being looked up, last in first out
+	top        int
+	high       int // highest top since the state was cleared
+	ticks      int
 }
 
 func (p *Program) state() *state {
@@ -81,6 +86,7 @@ func (p *Program) state() *state {
 		}
 		return nil
 	}
+	st.objectStep = st.scanStep
 	return st
 }
 
@@ -91,6 +97,8 @@ func (p *Program) release(st *state) {
 	clear(st.stack[:st.high])
 	clear(st.cache)
 	clear(st.args)
+	clear(st.keys[:cap(st.keys)])
+	st.keys, st.frame = st.keys[:0], scanFrame{}
 	st.results, st.retval, st.out, st.top, st.high, st.input = nil, nil, nil, 0, 0, nil
 	st.ctx, st.bctx = nil, topdown.BuiltinContext{}
 	p.states.Put(st)
@@ -183,12 +191,14 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 				L[in.t] = st.memo[m]
 				continue
 			}
-			var kb [4]keyPart
 			var key []keyPart
 			var h uint64
+			keysTop := len(st.keys)
 			if c := in.fn.cache; c != nil && st.cached && c.active() {
-				key, h = c.key(st.input, kb[:0])
+				st.keys, h = c.key(st.input, st.keys)
+				key = st.keys[keysTop:len(st.keys):len(st.keys)]
 				if v, ok := c.get(key, h); ok {
+					st.keys = st.keys[:keysTop]
 					st.memo[in.fn.memo], st.memoSet[in.fn.memo] = v, true
 					if v == nil {
 						return 0, nil
@@ -215,6 +225,7 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			}
 			if key != nil {
 				in.fn.cache.put(key, h, res)
+				st.keys = st.keys[:keysTop]
 			}
 			if res == nil {
 				return 0, nil
@@ -303,7 +314,7 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 		case opMakeArray:
 			L[in.t] = ast.NewTerm(ast.NewArrayWithCapacity(int(in.n)))
 		case opMakeObject:
-			L[in.t] = ast.NewTerm(ast.NewObject())
+			L[in.t] = ast.NewTerm(ast.NewObjectWithCapacity(int(in.n)))
 		case opMakeSet:
 			L[in.t] = ast.NewTerm(ast.NewSet())
 		case opEqual, opNotEqual:
@@ -370,46 +381,63 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 // errStopScan ends a collection's iteration early.
 var errStopScan = errors.New("stop scan")
 
+// scanFrame is the scan in progress: its statement, its frame's locals
+// and how it ended. Scans nest; each saves and restores the outer one.
+type scanFrame struct {
+	in      *instr
+	L       []*ast.Term
+	outcome int
+}
+
 // scan runs the body once per element. The body sits in a loop inside a
 // block: a break of 0 moves to the next element, 1 ends the scan, more
 // leaves enclosing blocks. It returns fellThrough when the scan completed.
 func (st *state) scan(in *instr, L []*ast.Term) (int, error) {
-	body := in.blocks[0]
-	outcome := fellThrough
-	step := func(k, v *ast.Term) error {
-		L[in.k], L[in.v] = k, v
-		r, err := st.run(body, L)
-		switch {
-		case err != nil:
-			return err
-		case r == returned:
-			outcome = returned
-			return errStopScan
-		case r == 1:
-			return errStopScan
-		case r >= 2:
-			outcome = r - 2
-			return errStopScan
-		}
-		return nil
-	}
+	outer := st.frame
+	st.frame = scanFrame{in: in, L: L, outcome: fellThrough}
 	var err error
 	switch c := valueOrNil(L[in.s]).(type) {
 	case *ast.Array:
 		for i := range c.Len() {
-			if err = step(ast.InternedTerm(i), c.Elem(i)); err != nil {
+			if err = st.scanStep(ast.InternedTerm(i), c.Elem(i)); err != nil {
 				break
 			}
 		}
 	case ast.Object:
-		err = c.Iter(step)
+		err = c.Iter(st.objectStep)
 	case ast.Set:
-		err = c.Iter(func(t *ast.Term) error { return step(t, t) })
+		for _, t := range c.Slice() {
+			if err = st.scanStep(t, t); err != nil {
+				break
+			}
+		}
 	}
+	outcome := st.frame.outcome
+	st.frame = outer
 	if err != nil && err != errStopScan {
 		return 0, err
 	}
 	return outcome, nil
+}
+
+// scanStep runs the current scan's body for one element.
+func (st *state) scanStep(k, v *ast.Term) error {
+	f := &st.frame
+	f.L[f.in.k], f.L[f.in.v] = k, v
+	r, err := st.run(f.in.blocks[0], f.L)
+	switch {
+	case err != nil:
+		return err
+	case r == returned:
+		st.frame.outcome = returned
+		return errStopScan
+	case r == 1:
+		return errStopScan
+	case r >= 2:
+		st.frame.outcome = r - 2
+		return errStopScan
+	}
+	return nil
 }
 
 func valueOrNil(t *ast.Term) ast.Value {

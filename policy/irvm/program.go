@@ -538,6 +538,27 @@ func foldLiterals(fn *function) {
 	for i := range fn.blocks {
 		fn.blocks[i] = fold(fn.blocks[i])
 	}
+	sizeObjects(fn.blocks)
+}
+
+// sizeObjects gives every MakeObject the number of inserts into its local
+// that follow it in the same block: the object is made that large at once.
+func sizeObjects(blocks [][]instr) {
+	for _, code := range blocks {
+		for i := range code {
+			sizeObjects(code[i].blocks)
+			if code[i].op != opMakeObject {
+				continue
+			}
+			n := 0
+			for k := i + 1; k < len(code); k++ {
+				if (code[k].op == opObjectInsert || code[k].op == opObjectInsertOnce) && code[k].t == code[i].t {
+					n++
+				}
+			}
+			code[i].n = int64(n)
+		}
+	}
 }
 
 // literal reports whether code[i] starts a foldable literal: its value, the
