@@ -25,7 +25,7 @@ func (in *Input) astValue() ast.Value {
 		ast.Item(key("memory_bytes"), intTerm(in.Usage.MemoryBytes)),
 	))
 	if in.Node != nil {
-		o.Insert(key("node"), ast.NewTerm(in.Node.astValue()))
+		o.Insert(key("node"), nodeTerm(in.Node))
 	}
 	return o
 }
@@ -88,6 +88,41 @@ func (r *Request) astValue() ast.Value {
 		o.Insert(key("memory_bytes"), intTerm(r.MemoryBytes))
 	}
 	return o
+}
+
+// lastNode is the most recent node description and its term: on a node,
+// decision after decision describes the same GPUs until a placement
+// changes them, so the term (and everything the plan keeps keyed by it) is
+// reused while the description is equal.
+var lastNode atomic.Pointer[nodeMemo]
+
+type nodeMemo struct {
+	node Node
+	term *ast.Term
+}
+
+func nodeTerm(n *Node) *ast.Term {
+	if m := lastNode.Load(); m != nil && m.node.equal(n) {
+		return m.term
+	}
+	m := &nodeMemo{node: n.clone(), term: ast.NewTerm(n.astValue())}
+	lastNode.Store(m)
+	return m.term
+}
+
+func (n *Node) equal(o *Node) bool {
+	return n.Name == o.Name && slices.EqualFunc(n.GPUs, o.GPUs, func(a, b NodeGPU) bool {
+		return a.Index == b.Index && a.Model == b.Model && a.MIGEnabled == b.MIGEnabled &&
+			a.FreeSlices == b.FreeSlices && slices.Equal(a.Tenants, b.Tenants)
+	})
+}
+
+func (n *Node) clone() Node {
+	c := Node{Name: n.Name, GPUs: slices.Clone(n.GPUs)}
+	for i := range c.GPUs {
+		c.GPUs[i].Tenants = slices.Clone(c.GPUs[i].Tenants)
+	}
+	return c
 }
 
 func (n *Node) astValue() ast.Value {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -229,5 +230,46 @@ func TestPlanConcurrent(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestNodeTermFollowsTheNode: the node description's term is reused only
+// while every field of the node and of each GPU is the same.
+func TestNodeTermFollowsTheNode(t *testing.T) {
+	base := func() *Node {
+		return &Node{Name: "n", GPUs: []NodeGPU{{Index: 0, Model: "m", MIGEnabled: true, FreeSlices: 3, Tenants: []string{"a"}}}}
+	}
+	first := nodeTerm(base())
+	if nodeTerm(base()) != first {
+		t.Fatal("an equal node description built a new term")
+	}
+	// Change each field of NodeGPU in turn, found by reflection so that a
+	// field added later cannot be forgotten by Node.equal.
+	gt := reflect.TypeOf(NodeGPU{})
+	for i := range gt.NumField() {
+		n := base()
+		f := reflect.ValueOf(&n.GPUs[0]).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.Int:
+			f.SetInt(f.Int() + 1)
+		case reflect.String:
+			f.SetString(f.String() + "x")
+		case reflect.Bool:
+			f.SetBool(!f.Bool())
+		case reflect.Slice:
+			f.Set(reflect.Append(f, reflect.ValueOf("b")))
+		default:
+			t.Fatalf("NodeGPU.%s: kind %s not covered by this test", gt.Field(i).Name, f.Kind())
+		}
+		got := nodeTerm(n)
+		if want := ast.NewTerm(n.astValue()); ast.Compare(got.Value, want.Value) != 0 {
+			t.Fatalf("NodeGPU.%s changed: got the term %v, want %v", gt.Field(i).Name, got, want)
+		}
+		nodeTerm(base()) // back to the base description
+	}
+	other := base()
+	other.Name = "m"
+	if ast.Compare(nodeTerm(other).Value, first.Value) == 0 {
+		t.Fatal("a renamed node kept the old term")
 	}
 }

@@ -280,7 +280,7 @@ func sameKey(a, b []keyPart) bool {
 		if x.depth != y.depth || (x.value == nil) != (y.value == nil) {
 			return false
 		}
-		return x.value == nil || ast.Compare(x.value.Value, y.value.Value) == 0
+		return x.value == y.value || ast.Compare(x.value.Value, y.value.Value) == 0
 	})
 }
 
