@@ -44,9 +44,9 @@ func describe(v ast.Value) string {
 	return ast.ValueName(v)
 }
 
-// field returns o[key], nil when absent.
-func field(o ast.Object, key string) ast.Value {
-	if t := o.Get(ast.InternedTerm(key)); t != nil {
+// field returns o[name], nil when absent.
+func field(o ast.Object, name string) ast.Value {
+	if t := o.Get(key(name)); t != nil {
 		return t.Value
 	}
 	return nil

@@ -165,8 +165,9 @@ func stringMapTerm(m map[string]string) *ast.Term {
 	return ast.NewTerm(o)
 }
 
-// inputKeys are the object keys of the input, built once: ast.InternedTerm
-// only interns a few common strings and would allocate these per decision.
+// inputKeys are the object keys of the input and of the decision, built
+// once: ast.InternedTerm only interns a few common strings and would
+// allocate these on every decision.
 var inputKeys = func() map[string]*ast.Term {
 	m := map[string]*ast.Term{}
 	for _, k := range []string{
@@ -175,6 +176,10 @@ var inputKeys = func() map[string]*ast.Term {
 		"runtime_handler", "host_network", "host_pid", "host_ipc", "containers",
 		"image", "privileged", "devices", "env", "gpu", "profile", "count", "rdma",
 		"gpus", "index", "model", "mig_enabled", "free_slices", "tenants",
+		// and those of the decision, read back by decodeDecision
+		"allow", "reasons", "tier", "runtime", "warnings", "rule", "message", "enforcement",
+		"allowed_profiles", "max_slices", "whole_gpu", "exclusive_physical_gpu", "mig_in_sandbox",
+		"network", "isolation", "egress_cidrs", "deny_metadata",
 	} {
 		m[k] = ast.StringTerm(k)
 	}
