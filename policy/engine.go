@@ -75,6 +75,9 @@ type snapshot struct {
 	program  *irvm.Program
 	data     *ast.Term
 	planNote string
+	// maskProgram is the plan of MaskQuery, when program exists and the
+	// mask can run as a plan.
+	maskProgram *irvm.Program
 }
 
 // Open validates opts, loads, verifies and compiles the bundle and returns an
@@ -280,7 +283,7 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 		if index != nil {
 			planModules = rest
 		}
-		if snap.program, err = planDecision(ctx, planModules); err != nil {
+		if snap.program, err = planQuery(ctx, planModules, DecisionQuery); err != nil {
 			if !errors.Is(err, irvm.ErrUnsupported) {
 				return nil, fmt.Errorf("plan %s: %w", DecisionQuery, err)
 			}
@@ -303,6 +306,16 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 			return nil, fmt.Errorf("prepare %s: %w", MaskQuery, err)
 		}
 		snap.mask = &mask
+		if snap.program != nil {
+			planModules := modules
+			if index != nil {
+				planModules = rest
+			}
+			// The mask runs in the interpreter when its plan cannot.
+			if snap.maskProgram, err = planQuery(ctx, planModules, MaskQuery); err != nil && !errors.Is(err, irvm.ErrUnsupported) {
+				return nil, fmt.Errorf("plan %s: %w", MaskQuery, err)
+			}
+		}
 	}
 	return snap, nil
 }
@@ -426,7 +439,7 @@ func (e *Engine) logDecision(ctx context.Context, snap *snapshot, in *Input, d *
 	}
 	entry.Masked = builtinMask(doc)
 	if snap.mask != nil {
-		masked, err := applyBundleMask(ctx, snap.mask, doc)
+		masked, err := snap.applyBundleMask(ctx, doc)
 		entry.Masked = append(entry.Masked, masked...)
 		if err != nil {
 			// Never log what the bundle wanted hidden: drop the whole input.
@@ -440,15 +453,33 @@ func (e *Engine) logDecision(ctx context.Context, snap *snapshot, in *Input, d *
 	}
 }
 
-func applyBundleMask(ctx context.Context, q *rego.PreparedEvalQuery, doc map[string]any) ([]string, error) {
-	rs, err := q.Eval(ctx, rego.EvalInput(doc))
-	if err != nil {
+// maskValue evaluates the bundle's mask on doc: plain JSON values, nil when
+// the mask is undefined.
+func (s *snapshot) maskValue(ctx context.Context, doc map[string]any) (any, error) {
+	if s.maskProgram != nil {
+		input, err := ast.InterfaceToValue(doc)
+		if err != nil {
+			return nil, err
+		}
+		v, err := s.evalProgram(ctx, s.maskProgram, input)
+		if err != nil || v == nil {
+			return nil, err
+		}
+		return ast.JSON(v)
+	}
+	rs, err := s.mask.Eval(ctx, rego.EvalInput(doc))
+	if err != nil || len(rs) == 0 || len(rs[0].Expressions) == 0 {
 		return nil, err
 	}
-	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
-		return nil, nil
+	return rs[0].Expressions[0].Value, nil
+}
+
+func (s *snapshot) applyBundleMask(ctx context.Context, doc map[string]any) ([]string, error) {
+	v, err := s.maskValue(ctx, doc)
+	if err != nil || v == nil {
+		return nil, err
 	}
-	ops, err := parseMaskOps(rs[0].Expressions[0].Value)
+	ops, err := parseMaskOps(v)
 	if err != nil {
 		return nil, err
 	}

@@ -51,10 +51,10 @@ func (refuseRegoEval) Eval(context.Context, *rego.EvalContext, ast.Value) (ast.V
 	return nil, errors.New("policy: a captured plan runs in irvm, not through rego")
 }
 
-// planDecision compiles modules once more for OPA's planner and loads the
-// plan of DecisionQuery. errors.Is(err, irvm.ErrUnsupported) means the
-// bundle is fine but needs the interpreter.
-func planDecision(ctx context.Context, modules map[string]*ast.Module) (*irvm.Program, error) {
+// planQuery compiles modules once more for OPA's planner and loads the
+// plan of query. errors.Is(err, irvm.ErrUnsupported) means the bundle is
+// fine but needs the interpreter.
+func planQuery(ctx context.Context, modules map[string]*ast.Module, query string) (*irvm.Program, error) {
 	compiler := ast.NewCompiler().
 		WithCapabilities(Capabilities()).
 		WithEnablePrintStatements(false).
@@ -65,7 +65,7 @@ func planDecision(ctx context.Context, modules map[string]*ast.Module) (*irvm.Pr
 	}
 	var plan *ir.Policy
 	_, err := rego.New(
-		rego.Query(DecisionQuery),
+		rego.Query(query),
 		rego.Compiler(compiler),
 		rego.Target(planTarget),
 	).PrepareForEval(context.WithValue(ctx, planSinkKey{}, &plan))
@@ -77,7 +77,13 @@ func planDecision(ctx context.Context, modules map[string]*ast.Module) (*irvm.Pr
 
 // evalPlan decides with the loaded plan: the first result's only value.
 func (s *snapshot) evalPlan(ctx context.Context, input ast.Value) (ast.Value, error) {
-	rs, err := s.program.Eval(ctx, ast.NewTerm(input), s.data)
+	return s.evalProgram(ctx, s.program, input)
+}
+
+// evalProgram runs p on input and the bundle's data: the first result's
+// only value, nil when undefined.
+func (s *snapshot) evalProgram(ctx context.Context, p *irvm.Program, input ast.Value) (ast.Value, error) {
+	rs, err := p.Eval(ctx, ast.NewTerm(input), s.data)
 	if err != nil || len(rs) == 0 {
 		return nil, err
 	}

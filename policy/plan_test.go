@@ -273,3 +273,39 @@ func TestNodeTermFollowsTheNode(t *testing.T) {
 		t.Fatal("a renamed node kept the old term")
 	}
 }
+
+// TestMaskPlanAsInterpreter: the default bundle's data.system.log.mask runs
+// as a plan too, and masks what the interpreter masks.
+func TestMaskPlanAsInterpreter(t *testing.T) {
+	e := openDefault(t)
+	snap := e.active.Load()
+	if snap.maskProgram == nil {
+		t.Fatal("the default bundle's mask must run as a plan")
+	}
+	interp := *snap
+	interp.maskProgram = nil
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(9, 9))
+	for i := range 300 {
+		in := randomInput(r)
+		if i%2 == 0 {
+			in.Pod.Labels = map[string]string{"app": "x", "db-password": "p", "team/Token": "t"}
+		}
+		if i%3 == 0 {
+			if in.Pod.Annotations == nil {
+				in.Pod.Annotations = map[string]string{}
+			}
+			in.Pod.Annotations["kubectl.kubernetes.io/last-applied-configuration"] = `{"kind":"Pod"}`
+		}
+		d, _ := e.Decide(ctx, in)
+		doc, err := toDoc(map[string]any{"input": in, "result": d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, gerr := snap.maskValue(ctx, doc)
+		want, werr := interp.maskValue(ctx, doc)
+		if (gerr != nil) != (werr != nil) || !reflect.DeepEqual(got, want) {
+			t.Fatalf("input %d: plan mask %v (%v), interpreter %v (%v)", i, got, gerr, want, werr)
+		}
+	}
+}
