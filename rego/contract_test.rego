@@ -22,3 +22,9 @@ test_unknown_kind_refused if {
 	some f in contract.findings with input as object.union(fx.agent, {"kind": "exec"})
 	f.rule == "input.kind_invalid"
 }
+
+test_missing_kind_refused if {
+	some f in contract.findings with input as object.remove(fx.agent, ["kind"])
+	f.rule == "input.kind_invalid"
+	f.message == `input.kind is ""; want "sandbox" or "admission"`
+}

@@ -109,3 +109,8 @@ test_profiles_up_to_matches_catalogue if {
 		listed == sort([p | some p, slices in data.bulkhead.gpu_profiles; slices <= n])
 	}
 }
+
+# An input without usage counts no slices held.
+test_missing_usage_counts_zero if {
+	gpu.used_slices == 0 with input as object.remove(fx.agent, ["usage"])
+}

@@ -56,3 +56,10 @@ test_decimal_units_parse if {
 	tenants := json.patch(fx.tenants, [{"op": "replace", "path": "/agents/quota/memory", "value": "2G"}])
 	quota.memory_limit == 2000000000 with input as fx.agent with data.bulkhead.tenants as tenants
 }
+
+# Usage and the pod's memory request default to zero when the input omits them.
+test_missing_usage_and_memory_count_zero if {
+	doc := object.remove(fx.agent, ["usage", "request"])
+	quota.usage == {"sandboxes": 0, "gpu_slices": 0, "memory_bytes": 0} with input as doc
+	quota.requested_memory == 0 with input as doc
+}
