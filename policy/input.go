@@ -47,13 +47,45 @@ func (p *Pod) astValue() ast.Value {
 	insertTrue(o, "host_pid", p.HostPID)
 	insertTrue(o, "host_ipc", p.HostIPC)
 	if len(p.Containers) > 0 {
-		cs := make([]*ast.Term, len(p.Containers))
-		for i := range p.Containers {
-			cs[i] = ast.NewTerm(p.Containers[i].astValue())
-		}
-		o.Insert(key("containers"), ast.ArrayTerm(cs...))
+		o.Insert(key("containers"), containersTerm(p.Containers))
 	}
 	return o
+}
+
+// lastContainers is the most recent containers list and its term: the
+// replicas of a Deployment, Job or StatefulSet, arriving one after the
+// other, have equal containers, so their term is reused while it is equal.
+var lastContainers atomic.Pointer[containersMemo]
+
+type containersMemo struct {
+	containers []Container
+	term       *ast.Term
+}
+
+func containersTerm(cs []Container) *ast.Term {
+	if m := lastContainers.Load(); m != nil && slices.EqualFunc(m.containers, cs, Container.equal) {
+		return m.term
+	}
+	ts := make([]*ast.Term, len(cs))
+	for i := range cs {
+		ts[i] = ast.NewTerm(cs[i].astValue())
+	}
+	m := &containersMemo{containers: make([]Container, len(cs)), term: ast.ArrayTerm(ts...)}
+	for i := range cs {
+		m.containers[i] = cs[i].clone()
+	}
+	lastContainers.Store(m)
+	return m.term
+}
+
+func (c Container) equal(o Container) bool {
+	return c.Name == o.Name && c.Image == o.Image && c.Privileged == o.Privileged &&
+		c.MemoryBytes == o.MemoryBytes && slices.Equal(c.Devices, o.Devices) && maps.Equal(c.Env, o.Env)
+}
+
+func (c Container) clone() Container {
+	c.Devices, c.Env = slices.Clone(c.Devices), maps.Clone(c.Env)
+	return c
 }
 
 func (c *Container) astValue() ast.Value {

@@ -309,3 +309,48 @@ func TestMaskPlanAsInterpreter(t *testing.T) {
 		}
 	}
 }
+
+// TestContainersTermFollowsTheContainers: the containers' term is reused
+// only while every field of every container is the same.
+func TestContainersTermFollowsTheContainers(t *testing.T) {
+	base := func() []Container {
+		return []Container{{Name: "c", Image: "i", Privileged: true, Devices: []string{"/dev/fuse"}, MemoryBytes: 1, Env: map[string]string{"A": "1"}}}
+	}
+	first := containersTerm(base())
+	if containersTerm(base()) != first {
+		t.Fatal("equal containers built a new term")
+	}
+	ct := reflect.TypeOf(Container{})
+	for i := range ct.NumField() {
+		cs := base()
+		f := reflect.ValueOf(&cs[0]).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.Int64:
+			f.SetInt(f.Int() + 1)
+		case reflect.String:
+			f.SetString(f.String() + "x")
+		case reflect.Bool:
+			f.SetBool(!f.Bool())
+		case reflect.Slice:
+			f.Set(reflect.Append(f, reflect.ValueOf("/dev/kvm")))
+		case reflect.Map:
+			f.SetMapIndex(reflect.ValueOf("A"), reflect.ValueOf("2"))
+		default:
+			t.Fatalf("Container.%s: kind %s not covered by this test", ct.Field(i).Name, f.Kind())
+		}
+		got := containersTerm(cs)
+		want := ast.NewTerm(cs[0].astValue())
+		if ast.Compare(got.Value.(*ast.Array).Elem(0).Value, want.Value) != 0 {
+			t.Fatalf("Container.%s changed: got %v, want %v", ct.Field(i).Name, got, want)
+		}
+		containersTerm(base())
+	}
+	// The memo keeps its own copy: changing the caller's slice or map
+	// afterwards does not change what it compares against.
+	cs := base()
+	containersTerm(cs)
+	cs[0].Env["A"] = "changed"
+	if got := containersTerm(cs); ast.Compare(got.Value.(*ast.Array).Elem(0).Value, ast.NewTerm(cs[0].astValue()).Value) != 0 {
+		t.Fatalf("a map changed in place after the memo kept the old term: %v", got)
+	}
+}
