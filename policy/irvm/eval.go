@@ -312,11 +312,19 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 		case opMakeNull, opMakeNumberInt, opMakeNumberRef, opLoadConst:
 			L[in.t] = in.konst
 		case opMakeArray:
-			L[in.t] = ast.NewTerm(ast.NewArrayWithCapacity(int(in.n)))
+			if in.n == 0 {
+				L[in.t] = ast.NewTerm(emptyArray)
+			} else {
+				L[in.t] = ast.NewTerm(ast.NewArrayWithCapacity(int(in.n)))
+			}
 		case opMakeObject:
-			L[in.t] = ast.NewTerm(ast.NewObjectWithCapacity(int(in.n)))
+			if in.n == 0 {
+				L[in.t] = ast.NewTerm(emptyObject)
+			} else {
+				L[in.t] = ast.NewTerm(ast.NewObjectWithCapacity(int(in.n)))
+			}
 		case opMakeSet:
-			L[in.t] = ast.NewTerm(ast.NewSet())
+			L[in.t] = ast.NewTerm(emptySet)
 		case opEqual, opNotEqual:
 			a, b := val(&in.a, L), val(&in.b, L)
 			if a == nil || b == nil {
@@ -352,6 +360,10 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			if !ok || k == nil || v == nil {
 				return 0, internal(in, "ObjectInsertStmt on a non-object")
 			}
+			if obj == emptyObject {
+				obj = ast.NewObject()
+				L[in.t].Value = obj
+			}
 			if in.op == opObjectInsertOnce {
 				if cur := obj.Get(k); cur != nil {
 					if ast.Compare(cur.Value, v.Value) != 0 {
@@ -367,6 +379,10 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			if !ok || v == nil {
 				return 0, internal(in, "SetAddStmt on a non-set")
 			}
+			if set == emptySet {
+				set = ast.NewSet()
+				L[in.t].Value = set
+			}
 			set.Add(v)
 		case opResultSetAdd:
 			if L[in.s] != nil {
@@ -377,6 +393,17 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 	}
 	return fellThrough, nil
 }
+
+// A collection the plan makes starts as one of these shared empty values;
+// the first insert replaces it, in the term every alias shares, by a value
+// of its own. Most accumulators of a decision (the findings of a package
+// that finds nothing) stay empty, and then cost one term instead of three
+// allocations. Nothing ever inserts into these.
+var (
+	emptyArray  = ast.NewArray()
+	emptyObject = ast.NewObject()
+	emptySet    = ast.NewSet()
+)
 
 // errStopScan ends a collection's iteration early.
 var errStopScan = errors.New("stop scan")
