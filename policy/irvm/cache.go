@@ -18,8 +18,8 @@ import (
 // (a bundle revision); a Program evaluated with other data does not cache.
 
 // maxCacheEntries bounds the values kept per rule. Keys are usually a
-// namespace; a rule whose key takes more values than this stops caching new
-// ones and keeps what it has.
+// namespace; a rule whose key takes more values than this starts over
+// empty, so memory stays bounded and a changing workload is followed.
 const maxCacheEntries = 4096
 
 // minCachedSize is the smallest rule (statements, its callees included)
@@ -302,8 +302,12 @@ func (c *ruleCache) get(key []keyPart, h uint64) (*ast.Term, bool) {
 }
 
 func (c *ruleCache) put(key []keyPart, h uint64, v *ast.Term) {
-	if c.n.Load() >= maxCacheEntries || c.off.Load() {
+	if c.off.Load() {
 		return
+	}
+	if c.n.Load() >= maxCacheEntries {
+		c.entries.Clear()
+		c.n.Store(0)
 	}
 	// A different key with the same hash keeps its place: the rule is
 	// simply evaluated for the newcomer.

@@ -449,6 +449,11 @@ func (st *state) scan(in *instr, L []*ast.Term) (int, error) {
 
 // scanStep runs the current scan's body for one element.
 func (st *state) scanStep(k, v *ast.Term) error {
+	if st.ticks++; st.ticks&0xff == 0 {
+		if err := st.ctx.Err(); err != nil {
+			return err
+		}
+	}
 	f := &st.frame
 	f.L[f.in.k], f.L[f.in.v] = k, v
 	r, err := st.run(f.in.blocks[0], f.L)

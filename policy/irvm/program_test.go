@@ -227,7 +227,8 @@ func TestLoadRefusesWhatItDoesNotRun(t *testing.T) {
 	}
 }
 
-// TestEvalHonoursCancellation: an evaluation stops with the context.
+// TestEvalHonoursCancellation: a context cancelled before the evaluation
+// starts stops it at once.
 func TestEvalHonoursCancellation(t *testing.T) {
 	p, err := plan(t, `package t
 r := count([x | some x in numbers.range(1, 100000); x % 7 == 0; y := f(x); y > 0])
@@ -342,5 +343,36 @@ r := {
 	t.Logf("rule caches: %+v", s)
 	for name, key := range p.CachedRules() {
 		t.Logf("%s: %s", name, key)
+	}
+}
+
+// cancelLater is a context that turns cancelled after its Err has been
+// asked n times: a cancellation that arrives mid-evaluation, with no clock.
+type cancelLater struct {
+	context.Context
+	n int
+}
+
+func (c *cancelLater) Err() error {
+	if c.n--; c.n < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestEvalStopsInALongScan: cancellation is noticed inside an iteration
+// that calls no function, not only before the evaluation starts.
+func TestEvalStopsInALongScan(t *testing.T) {
+	p, err := plan(t, `package t
+r := count([x | some x in numbers.range(1, 200000); x % 3 == 0])`, "data.t.r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := &cancelLater{Context: context.Background(), n: 1} // Eval's own check passes
+	if _, err := p.Eval(ctx, nil, ast.NewTerm(ast.NewObject())); !errors.Is(err, context.Canceled) {
+		t.Fatalf("want context.Canceled from inside the scan, got %v", err)
+	}
+	if ctx.n > -1 {
+		t.Fatalf("the scan never asked the context (%d asks left)", ctx.n)
 	}
 }
