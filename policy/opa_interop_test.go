@@ -122,6 +122,10 @@ func TestOPABuiltSignedBundle(t *testing.T) {
 	if e.Revision() != "bulkhead-default-1" {
 		t.Errorf("revision = %q", e.Revision())
 	}
+	// The decisions compared with opa eval below come from the compiled plan.
+	if snap := e.active.Load(); snap.program == nil {
+		t.Fatalf("the opa-built bundle must run as a plan: %s", snap.planNote)
+	}
 
 	inputs := map[string]func(*Input){
 		"allowed agent":     func(*Input) {},
