@@ -279,11 +279,7 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 	}
 	snap := &snapshot{revision: rev, decision: decision}
 	if withPlan {
-		planModules := modules
-		if index != nil {
-			planModules = rest
-		}
-		if snap.program, err = planQuery(ctx, planModules, DecisionQuery); err != nil {
+		if snap.program, err = planQuery(ctx, compiler, DecisionQuery); err != nil {
 			if !errors.Is(err, irvm.ErrUnsupported) {
 				return nil, fmt.Errorf("plan %s: %w", DecisionQuery, err)
 			}
@@ -307,12 +303,8 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 		}
 		snap.mask = &mask
 		if snap.program != nil {
-			planModules := modules
-			if index != nil {
-				planModules = rest
-			}
 			// The mask runs in the interpreter when its plan cannot.
-			if snap.maskProgram, err = planQuery(ctx, planModules, MaskQuery); err != nil && !errors.Is(err, irvm.ErrUnsupported) {
+			if snap.maskProgram, err = planQuery(ctx, compiler, MaskQuery); err != nil && !errors.Is(err, irvm.ErrUnsupported) {
 				return nil, fmt.Errorf("plan %s: %w", MaskQuery, err)
 			}
 		}

@@ -51,18 +51,13 @@ func (refuseRegoEval) Eval(context.Context, *rego.EvalContext, ast.Value) (ast.V
 	return nil, errors.New("policy: a captured plan runs in irvm, not through rego")
 }
 
-// planQuery compiles modules once more for OPA's planner and loads the
-// plan of query. errors.Is(err, irvm.ErrUnsupported) means the bundle is
-// fine but needs the interpreter.
-func planQuery(ctx context.Context, modules map[string]*ast.Module, query string) (*irvm.Program, error) {
-	compiler := ast.NewCompiler().
-		WithCapabilities(Capabilities()).
-		WithEnablePrintStatements(false).
-		WithEvalMode(ast.EvalModeIR)
-	compiler.Compile(modules)
-	if compiler.Failed() {
-		return nil, fmt.Errorf("compile: %w", compiler.Errors)
-	}
+// planQuery has OPA's planner plan query on the bundle's compiled modules
+// and loads the plan. errors.Is(err, irvm.ErrUnsupported) means the bundle
+// is fine but needs the interpreter.
+func planQuery(ctx context.Context, compiler *ast.Compiler, query string) (*irvm.Program, error) {
+	// A rego target plugin switches the compiler to IR mode, which only
+	// skips index building for queries compiled later: switch it back.
+	defer compiler.WithEvalMode(ast.EvalModeTopdown)
 	var plan *ir.Policy
 	_, err := rego.New(
 		rego.Query(query),
