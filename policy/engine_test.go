@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,7 +107,8 @@ func TestQuotaMessageNamesTenantUsedAndLimit(t *testing.T) {
 }
 
 // TestAstInputMatchesJSON checks that the hand-built Rego input equals the
-// JSON encoding of Input, which is what `opa eval --input` would see.
+// JSON encoding of Input, which is what `opa eval --input` would see and
+// what the decision log writes (it reads the Rego value back).
 func TestAstInputMatchesJSON(t *testing.T) {
 	full := agentPod()
 	full.Pod.Annotations = map[string]string{"a": "1", "b/c": "2"}
@@ -114,7 +117,12 @@ func TestAstInputMatchesJSON(t *testing.T) {
 	full.Pod.Containers = append(full.Pod.Containers, Container{Name: "side", Privileged: true, Devices: []string{"/dev/kvm"}, Env: map[string]string{"K": "v"}, MemoryBytes: 5 << 40})
 	full.Request.RDMA = true
 	full.Node.GPUs[0].Tenants = []string{"x"}
-	for name, in := range map[string]Input{"zero": {}, "agent": agentPod(), "full": full} {
+	cases := map[string]Input{"zero": {}, "agent": agentPod(), "full": full}
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 500 {
+		cases[fmt.Sprintf("drawn-%d", i)] = randomInput(r)
+	}
+	for name, in := range cases {
 		t.Run(name, func(t *testing.T) {
 			b, err := json.Marshal(in)
 			if err != nil {
