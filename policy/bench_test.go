@@ -138,7 +138,7 @@ func BenchmarkDecide(b *testing.B) {
 		var allowed int
 		latencySample.bundle, allowed, latencySample.bundleCPU = measure(b, e, inputs, sampleSize)
 		latencySample.allowed, latencySample.refused = allowed, sampleSize-allowed
-		td := openTopdown(b)
+		td := openDefaultWith(b, EvaluatorTopdown)
 		latencySample.topdown, _, latencySample.topdownCPU = measure(b, td, inputs, topdownSampleSize)
 		for _, in := range inputs {
 			a, _ := e.Decide(context.Background(), in)
@@ -166,18 +166,6 @@ func BenchmarkDecide(b *testing.B) {
 	b.ReportMetric(float64(s.topdownCPU.Nanoseconds()), "topdown-cpu-ns/decision")
 	b.ReportMetric(float64(s.topdownCPU)/float64(s.bundleCPU), "topdown-cpu/plan-cpu")
 	b.ReportMetric(regoSteps(b, e, inputs), "rego-steps/decision")
-}
-
-// openTopdown is the default bundle decided by OPA's interpreter.
-func openTopdown(b *testing.B) *Engine {
-	e, err := Open(context.Background(), Options{
-		BundlePath: repoPath(b, "rego"), DataPath: repoPath(b, "rego/examples/tenants.demo.json"),
-		InsecureSkipVerification: true, Logger: quietLogger(), Evaluator: EvaluatorTopdown,
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return e
 }
 
 // stepCounter counts the expressions the evaluator evaluates and

@@ -26,11 +26,18 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // openDefault opens the default bundle unsigned, with the demo tenants.
 func openDefault(t testing.TB) *Engine {
 	t.Helper()
+	return openDefaultWith(t, "")
+}
+
+// openDefaultWith is openDefault deciding with evaluator.
+func openDefaultWith(t testing.TB, evaluator string) *Engine {
+	t.Helper()
 	e, err := Open(context.Background(), Options{
 		BundlePath:               repoPath(t, "rego"),
 		DataPath:                 repoPath(t, "rego/examples/tenants.demo.json"),
 		InsecureSkipVerification: true,
 		Logger:                   quietLogger(),
+		Evaluator:                evaluator,
 	})
 	if err != nil {
 		t.Fatalf("Open: %v", err)

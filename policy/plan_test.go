@@ -170,17 +170,7 @@ func TestPlanDecidesAsInterpreter(t *testing.T) {
 // TestEvaluatorOption: topdown is kept on request, and both engines decide
 // alike through Decide.
 func TestEvaluatorOption(t *testing.T) {
-	open := func(evaluator string) *Engine {
-		e, err := Open(context.Background(), Options{
-			BundlePath: repoPath(t, "rego"), DataPath: repoPath(t, "rego/examples/tenants.demo.json"),
-			InsecureSkipVerification: true, Logger: quietLogger(), Evaluator: evaluator,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	plan, topdown := open(""), open(EvaluatorTopdown)
+	plan, topdown := openDefaultWith(t, ""), openDefaultWith(t, EvaluatorTopdown)
 	if plan.active.Load().program == nil || topdown.active.Load().program != nil {
 		t.Fatal("default must evaluate the plan, topdown must not")
 	}
@@ -248,19 +238,7 @@ func TestNodeTermFollowsTheNode(t *testing.T) {
 	gt := reflect.TypeOf(NodeGPU{})
 	for i := range gt.NumField() {
 		n := base()
-		f := reflect.ValueOf(&n.GPUs[0]).Elem().Field(i)
-		switch f.Kind() {
-		case reflect.Int:
-			f.SetInt(f.Int() + 1)
-		case reflect.String:
-			f.SetString(f.String() + "x")
-		case reflect.Bool:
-			f.SetBool(!f.Bool())
-		case reflect.Slice:
-			f.Set(reflect.Append(f, reflect.ValueOf("b")))
-		default:
-			t.Fatalf("NodeGPU.%s: kind %s not covered by this test", gt.Field(i).Name, f.Kind())
-		}
+		changeField(t, reflect.ValueOf(&n.GPUs[0]).Elem().Field(i), "NodeGPU."+gt.Field(i).Name)
 		got := nodeTerm(n)
 		if want := ast.NewTerm(n.astValue()); ast.Compare(got.Value, want.Value) != 0 {
 			t.Fatalf("NodeGPU.%s changed: got the term %v, want %v", gt.Field(i).Name, got, want)
@@ -323,21 +301,7 @@ func TestContainersTermFollowsTheContainers(t *testing.T) {
 	ct := reflect.TypeOf(Container{})
 	for i := range ct.NumField() {
 		cs := base()
-		f := reflect.ValueOf(&cs[0]).Elem().Field(i)
-		switch f.Kind() {
-		case reflect.Int64:
-			f.SetInt(f.Int() + 1)
-		case reflect.String:
-			f.SetString(f.String() + "x")
-		case reflect.Bool:
-			f.SetBool(!f.Bool())
-		case reflect.Slice:
-			f.Set(reflect.Append(f, reflect.ValueOf("/dev/kvm")))
-		case reflect.Map:
-			f.SetMapIndex(reflect.ValueOf("A"), reflect.ValueOf("2"))
-		default:
-			t.Fatalf("Container.%s: kind %s not covered by this test", ct.Field(i).Name, f.Kind())
-		}
+		changeField(t, reflect.ValueOf(&cs[0]).Elem().Field(i), "Container."+ct.Field(i).Name)
 		got := containersTerm(cs)
 		want := ast.NewTerm(cs[0].astValue())
 		if ast.Compare(got.Value.(*ast.Array).Elem(0).Value, want.Value) != 0 {
@@ -352,5 +316,24 @@ func TestContainersTermFollowsTheContainers(t *testing.T) {
 	cs[0].Env["A"] = "changed"
 	if got := containersTerm(cs); ast.Compare(got.Value.(*ast.Array).Elem(0).Value, ast.NewTerm(cs[0].astValue()).Value) != 0 {
 		t.Fatalf("a map changed in place after the memo kept the old term: %v", got)
+	}
+}
+
+// changeField gives f, a field of an input struct, another value.
+func changeField(t *testing.T, f reflect.Value, name string) {
+	t.Helper()
+	switch f.Kind() {
+	case reflect.Int, reflect.Int64:
+		f.SetInt(f.Int() + 1)
+	case reflect.String:
+		f.SetString(f.String() + "x")
+	case reflect.Bool:
+		f.SetBool(!f.Bool())
+	case reflect.Slice:
+		f.Set(reflect.Append(f, reflect.ValueOf("added")))
+	case reflect.Map:
+		f.SetMapIndex(reflect.ValueOf("added"), reflect.ValueOf("added"))
+	default:
+		t.Fatalf("%s: kind %s not covered by this test", name, f.Kind())
 	}
 }
