@@ -96,7 +96,7 @@ func (p *Program) release(st *state) {
 	clear(st.memoSet)
 	clear(st.stack[:st.high])
 	clear(st.cache)
-	clear(st.args)
+	clear(st.args[:cap(st.args)])
 	clear(st.keys[:cap(st.keys)])
 	st.keys, st.frame = st.keys[:0], scanFrame{}
 	st.results, st.retval, st.out, st.top, st.high, st.input = nil, nil, nil, 0, 0, nil
