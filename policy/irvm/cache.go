@@ -167,7 +167,7 @@ func inputDeps(fn *function, memo map[*function]*deps) deps {
 				case opEqual, opNotEqual, opObjectInsert, opObjectInsertOnce:
 					use(in.a)
 					use(in.b)
-				case opIsArray, opIsObject, opIsSet, opLen, opArrayAppend, opSetAdd:
+				case opIsArray, opIsObject, opIsSet, opLen, opArrayAppend, opSetAdd, opWith:
 					use(in.a)
 				}
 				for _, b := range in.blocks {

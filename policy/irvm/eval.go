@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -288,6 +290,16 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			if r >= 0 {
 				return r, nil
 			}
+		case opWith:
+			r, err := st.with(in, L)
+			switch {
+			case err != nil || r == returned:
+				return r, err
+			case r == 0: // the block was left: with is undefined
+				return 0, nil
+			case r >= 1:
+				return r - 1, nil
+			}
 		case opNot:
 			r, err := st.run(in.blocks[0], L)
 			switch {
@@ -392,6 +404,70 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 		}
 	}
 	return fellThrough, nil
+}
+
+// with runs in.blocks[0] with the local in.t replaced: the whole local when
+// in.path is empty, else the value at in.path inside it, the objects on the
+// way copied (never changed in place: other locals may share them). Rules
+// evaluated inside see the replaced input or data, so they get a memo table
+// of their own and no rule cache. It returns what running the block did.
+func (st *state) with(in *instr, L []*ast.Term) (int, error) {
+	v := val(&in.a, L)
+	if v == nil {
+		return 0, nil
+	}
+	saved := L[in.t]
+	if len(in.path) == 0 {
+		L[in.t] = v
+	} else {
+		replaced, err := upsert(saved, in.path, v)
+		if err != nil {
+			return 0, &topdown.Error{Code: topdown.TypeErr, Message: "with: " + err.Error(), Location: location(in)}
+		}
+		L[in.t] = replaced
+	}
+	memo, memoSet, cached := slices.Clone(st.memo), slices.Clone(st.memoSet), st.cached
+	clear(st.memo)
+	clear(st.memoSet)
+	st.cached = false
+	r, err := st.run(in.blocks[0], L)
+	copy(st.memo, memo)
+	copy(st.memoSet, memoSet)
+	st.cached, L[in.t] = cached, saved
+	if err != nil || r == returned {
+		return r, err
+	}
+	if r == fellThrough {
+		return fellThrough, nil
+	}
+	return r, nil
+}
+
+// upsert is doc with the value at path set to v: doc and the objects along
+// path are copied, a missing or non-object step becomes a new object.
+func upsert(doc *ast.Term, path []*ast.Term, v *ast.Term) (*ast.Term, error) {
+	var root ast.Object
+	switch d := valueOrNil(doc).(type) {
+	case nil:
+		root = ast.NewObject()
+	case ast.Object:
+		root = d.Copy()
+	default:
+		return nil, fmt.Errorf("cannot set %v inside a %s", ast.Ref(path), ast.ValueName(d))
+	}
+	cur := root
+	for _, k := range path[:len(path)-1] {
+		var next ast.Object
+		if child, ok := valueOf[ast.Object](cur.Get(k)); ok {
+			next = child.Copy()
+		} else {
+			next = ast.NewObject()
+		}
+		cur.Insert(k, ast.NewTerm(next))
+		cur = next
+	}
+	cur.Insert(path[len(path)-1], v)
+	return ast.NewTerm(root), nil
 }
 
 // A collection the plan makes starts as one of these shared empty values;

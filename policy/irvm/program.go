@@ -8,7 +8,7 @@
 // Built-in functions are OPA's own implementations (topdown.GetBuiltin), so
 // sprintf, regex.match, net.cidr_contains and the rest behave as they do in
 // opa eval. What this package adds is only the control flow of the plan:
-// blocks, breaks, scans, negation, calls and memoised rules.
+// blocks, breaks, scans, negation, with, calls and memoised rules.
 package irvm
 
 import (
@@ -75,7 +75,8 @@ type instr struct {
 	args       []operand
 	bi         *builtin
 	loc        *ir.Location
-	file       string // the module the statement comes from
+	file       string      // the module the statement comes from
+	path       []*ast.Term // WithStmt: the keys below the local it replaces
 }
 
 type builtin struct {
@@ -120,6 +121,7 @@ const (
 	opNop
 	opLen
 	opLoadConst // a composite literal folded at load time
+	opWith
 )
 
 // Load resolves policy's single plan. caps lists the built-ins the bundle
@@ -453,9 +455,24 @@ func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
 		l.use(fn, in.s)
 	case *ir.NopStmt:
 		in.op = opNop
+	case *ir.WithStmt:
+		in.op, in.t = opWith, int(x.Local)
+		l.use(fn, in.t)
+		for _, k := range x.Path {
+			if k < 0 || k >= len(l.p.static) {
+				return in, fmt.Errorf("with: string constant %d out of range", k)
+			}
+			in.path = append(in.path, l.p.static[k])
+		}
+		ops(&in.a)(x.Value)
+		code, err := l.block(x.Block, fn)
+		if err != nil {
+			return in, err
+		}
+		in.blocks = [][]instr{code}
 	default:
-		// WithStmt, CallDynamicStmt, ObjectMergeStmt, ...: OPA's interpreter
-		// runs these; this package does not pretend to.
+		// CallDynamicStmt, ObjectMergeStmt, ...: OPA's interpreter runs
+		// these; this package does not pretend to.
 		return in, fmt.Errorf("%w: statement %T", ErrUnsupported, s)
 	}
 	return in, err
