@@ -162,6 +162,9 @@ func inputDeps(fn *function, memo map[*function]*deps) deps {
 					}
 				case opScan:
 					use(operand{local: in.s})
+				case opObjectMerge:
+					use(operand{local: in.s})
+					use(operand{local: in.k})
 				case opReturn, opIsDefined, opIsUndefined, opResultSetAdd:
 					use(operand{local: in.s})
 				case opEqual, opNotEqual, opObjectInsert, opObjectInsertOnce:

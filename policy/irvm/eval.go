@@ -290,6 +290,12 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			if r >= 0 {
 				return r, nil
 			}
+		case opObjectMerge:
+			merged, err := merge(L[in.s], L[in.k])
+			if err != nil {
+				return 0, conflict(in, err.Error())
+			}
+			L[in.t] = merged
 		case opWith:
 			r, err := st.with(in, L)
 			switch {
@@ -468,6 +474,46 @@ func upsert(doc *ast.Term, path []*ast.Term, v *ast.Term) (*ast.Term, error) {
 	}
 	cur.Insert(path[len(path)-1], v)
 	return ast.NewTerm(root), nil
+}
+
+// merge is the base document a with the rules' document b laid over it:
+// objects merge key by key, recursively. OPA refuses a bundle whose rules
+// define a path its data also holds, so two values other than objects
+// under one key are an error, never a silent choice.
+func merge(a, b *ast.Term) (*ast.Term, error) {
+	if a == nil {
+		return b, nil
+	}
+	if b == nil {
+		return a, nil
+	}
+	ao, aok := a.Value.(ast.Object)
+	bo, bok := b.Value.(ast.Object)
+	if !aok || !bok {
+		return nil, fmt.Errorf("rules and data both define a %s and a %s at one path", ast.ValueName(a.Value), ast.ValueName(b.Value))
+	}
+	out := ast.NewObjectWithCapacity(ao.Len() + bo.Len())
+	var err error
+	ao.Foreach(func(k, v *ast.Term) {
+		if err != nil {
+			return
+		}
+		m, e := merge(v, bo.Get(k))
+		if e != nil {
+			err = fmt.Errorf("%v: %w", k, e)
+			return
+		}
+		out.Insert(k, m)
+	})
+	if err != nil {
+		return nil, err
+	}
+	bo.Foreach(func(k, v *ast.Term) {
+		if ao.Get(k) == nil {
+			out.Insert(k, v)
+		}
+	})
+	return ast.NewTerm(out), nil
 }
 
 // A collection the plan makes starts as one of these shared empty values;

@@ -8,7 +8,8 @@
 // Built-in functions are OPA's own implementations (topdown.GetBuiltin), so
 // sprintf, regex.match, net.cidr_contains and the rest behave as they do in
 // opa eval. What this package adds is only the control flow of the plan:
-// blocks, breaks, scans, negation, with, calls and memoised rules.
+// blocks, breaks, scans, negation, with, calls, memoised rules and the
+// merge of rules' values with data under one path.
 package irvm
 
 import (
@@ -122,6 +123,7 @@ const (
 	opLen
 	opLoadConst // a composite literal folded at load time
 	opWith
+	opObjectMerge
 )
 
 // Load resolves policy's single plan. caps lists the built-ins the bundle
@@ -455,6 +457,11 @@ func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
 		l.use(fn, in.s)
 	case *ir.NopStmt:
 		in.op = opNop
+	case *ir.ObjectMergeStmt:
+		// The planner merges a base document from data (A) with the
+		// rules' values under the same path (B).
+		in.op, in.s, in.k, in.t = opObjectMerge, int(x.A), int(x.B), int(x.Target)
+		l.use(fn, in.s, in.k, in.t)
 	case *ir.WithStmt:
 		in.op, in.t = opWith, int(x.Local)
 		l.use(fn, in.t)
@@ -471,8 +478,8 @@ func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
 		}
 		in.blocks = [][]instr{code}
 	default:
-		// CallDynamicStmt, ObjectMergeStmt, ...: OPA's interpreter runs
-		// these; this package does not pretend to.
+		// CallDynamicStmt, ...: OPA's interpreter runs these; this package
+		// does not pretend to.
 		return in, fmt.Errorf("%w: statement %T", ErrUnsupported, s)
 	}
 	return in, err
@@ -642,7 +649,7 @@ func isConstant(op opcode) bool {
 // forget drops from known every local in may write.
 func forget(known map[int]*ast.Term, in *instr) {
 	switch in.op {
-	case opCall, opCallBuiltin, opDot, opLen, opAssignVar, opAssignVarOnce, opResetLocal,
+	case opCall, opCallBuiltin, opDot, opLen, opAssignVar, opAssignVarOnce, opResetLocal, opObjectMerge,
 		opMakeArray, opMakeObject, opMakeSet, opArrayAppend, opObjectInsert, opObjectInsertOnce, opSetAdd:
 		delete(known, in.t)
 	case opScan:

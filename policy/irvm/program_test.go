@@ -177,6 +177,12 @@ r := {
 	"outside": outside, "input_path": input_path, "input_whole": input_whole, "data_path": data_path,
 	"deep_new_path": deep_new_path, "from_input": from_input, "nested": nested,
 }`, data: `{"d": {"k": "base", "other": 1}}`, inputs: []string{`{"x": 1, "z": "zz", "a": {"b": {"q": 1}}}`, `{"x": "s", "z": 0}`, `{}`}},
+		{name: "ref heads merged with data", module: `package t
+a.b.c := 1
+a.b.d := input.n
+a.e[input.k] := true
+r := {"a": a, "a_with_data": data.t.a}`, data: `{"t": {"a": {"b": {"x": "base"}, "y": [1]}, "z": 3}}`,
+			inputs: []string{`{"n": 2, "k": "key"}`, `{}`, `{"k": "b"}`}},
 		{name: "with makes a rule undefined", module: `package t
 f if input.x > 1
 r := "yes" if { f with input.x as 0 } else := "no"`, inputs: []string{`{"x": 5}`, `{}`}},
@@ -230,11 +236,11 @@ r := y if { is_number(input.x); y := input.x + 1 } else := "nan"`, inputs: []str
 }
 
 // TestLoadRefusesWhatItDoesNotRun: a plan with a statement irvm does not
-// implement (here ObjectMergeStmt, from rules with deep ref heads) is
+// implement (here CallDynamicStmt, from a rule chosen by an input value) is
 // refused with ErrUnsupported instead of being run approximately.
 func TestLoadRefusesWhatItDoesNotRun(t *testing.T) {
 	for _, module := range []string{
-		"package t\na.b.c := 1\na.b.d := input.n\nr := a", // ObjectMergeStmt
+		"package t\npkgs.a.v := 1\npkgs.b.v := 2\nr := pkgs[input.p].v", // CallDynamicStmt
 	} {
 		_, err := plan(t, module, "data.t.r")
 		if !errors.Is(err, irvm.ErrUnsupported) {
@@ -409,5 +415,25 @@ r := count([x | some x in numbers.range(1, 200000); x % 3 == 0])`, "data.t.r")
 	}
 	if ctx.n > -1 {
 		t.Fatalf("the scan never asked the context (%d asks left)", ctx.n)
+	}
+}
+
+// TestMergeConflictIsAnError: where data and a rule both hold a value at
+// one path (a bundle OPA refuses to activate: "conflicting rule for data
+// path"), the plan fails instead of choosing one.
+func TestMergeConflictIsAnError(t *testing.T) {
+	p, err := plan(t, "package t\na.b.c := 1\nr := a", "data.t.r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := ast.NewTerm(ast.MustParseTerm(`{"t": {"a": {"b": {"c": 5}}}}`).Value)
+	if _, err := run(p, ast.NewObject(), data); err == nil || !strings.Contains(err.Error(), "rules and data both define") {
+		t.Fatalf("want a conflict error, got %v", err)
+	}
+	// Disjoint keys merge.
+	data = ast.NewTerm(ast.MustParseTerm(`{"t": {"a": {"b": {"x": 5}}}}`).Value)
+	got, err := run(p, ast.NewObject(), data)
+	if err != nil || ast.Compare(got, ast.MustParseTerm(`{"b": {"c": 1, "x": 5}}`).Value) != 0 {
+		t.Fatalf("got %v, %v", got, err)
 	}
 }
