@@ -165,6 +165,8 @@ func inputDeps(fn *function, memo map[*function]*deps) deps {
 				case opObjectMerge:
 					use(operand{local: in.s})
 					use(operand{local: in.k})
+				case opCallDynamic:
+					d.all = true // which rule runs is known only at evaluation time
 				case opReturn, opIsDefined, opIsUndefined, opResultSetAdd:
 					use(operand{local: in.s})
 				case opEqual, opNotEqual, opObjectInsert, opObjectInsertOnce:

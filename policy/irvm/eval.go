@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -290,6 +291,27 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			if r >= 0 {
 				return r, nil
 			}
+		case opCallDynamic:
+			// As OPA plans it: no rule at the path leaves this block (the
+			// planner then looks the path up in data), a rule that is
+			// undefined leaves three, the rule's value goes to in.t.
+			callee := st.p.dynamicCallee(in, L)
+			if callee == nil {
+				return 0, nil
+			}
+			var res *ast.Term
+			if callee.memo >= 0 && st.memoSet[callee.memo] {
+				res = st.memo[callee.memo]
+			} else {
+				var err error
+				if res, err = st.call(callee, []*ast.Term{L[in.args[0].local], L[in.args[1].local]}); err != nil {
+					return 0, err
+				}
+			}
+			if res == nil {
+				return 3, nil
+			}
+			L[in.t] = res
 		case opObjectMerge:
 			merged, err := merge(L[in.s], L[in.k])
 			if err != nil {
@@ -474,6 +496,27 @@ func upsert(doc *ast.Term, path []*ast.Term, v *ast.Term) (*ast.Term, error) {
 	}
 	cur.Insert(path[len(path)-1], v)
 	return ast.NewTerm(root), nil
+}
+
+// dynamicCallee is the rule at the path in.dyn names, nil when there is
+// none (a segment that is not a string cannot name one).
+func (p *Program) dynamicCallee(in *instr, L []*ast.Term) *function {
+	var b strings.Builder
+	for i := range in.dyn {
+		s, ok := valueOf[ast.String](val(&in.dyn[i], L))
+		if !ok {
+			return nil
+		}
+		if i > 0 {
+			b.WriteByte(0)
+		}
+		b.WriteString(string(s))
+	}
+	fn := p.byPath[b.String()]
+	if fn == nil || len(fn.params) != 2 {
+		return nil
+	}
+	return fn
 }
 
 // merge is the base document a with the rules' document b laid over it:

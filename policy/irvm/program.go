@@ -8,8 +8,8 @@
 // Built-in functions are OPA's own implementations (topdown.GetBuiltin), so
 // sprintf, regex.match, net.cidr_contains and the rest behave as they do in
 // opa eval. What this package adds is only the control flow of the plan:
-// blocks, breaks, scans, negation, with, calls, memoised rules and the
-// merge of rules' values with data under one path.
+// blocks, breaks, scans, negation, with, calls (static and dynamic),
+// memoised rules and the merge of rules' values with data under one path.
 package irvm
 
 import (
@@ -38,6 +38,9 @@ type Program struct {
 	static []*ast.Term // ir.Static.Strings as string terms
 	// needsTime: a built-in of the plan may read the evaluation's clock.
 	needsTime bool
+	// byPath finds the rules a CallDynamicStmt may call by their path in
+	// data (ir.Func.Path, joined with NUL).
+	byPath map[string]*function
 	// states recycles evaluation states (locals, memo table) between Evals;
 	// it goes away with the Program when a bundle is replaced.
 	states sync.Pool
@@ -78,6 +81,7 @@ type instr struct {
 	loc        *ir.Location
 	file       string      // the module the statement comes from
 	path       []*ast.Term // WithStmt: the keys below the local it replaces
+	dyn        []operand   // CallDynamicStmt: the path of the rule to call
 }
 
 type builtin struct {
@@ -124,6 +128,7 @@ const (
 	opLoadConst // a composite literal folded at load time
 	opWith
 	opObjectMerge
+	opCallDynamic
 )
 
 // Load resolves policy's single plan. caps lists the built-ins the bundle
@@ -176,6 +181,12 @@ func Load(policy *ir.Policy, caps *ast.Capabilities) (*Program, error) {
 		}
 		l.byName[f.Name] = fn
 		p.funcs = append(p.funcs, fn)
+		if f.Path != nil {
+			if p.byPath == nil {
+				p.byPath = map[string]*function{}
+			}
+			p.byPath[strings.Join(f.Path, "\x00")] = fn
+		}
 	}
 	for i, f := range funcs {
 		fn := p.funcs[i]
@@ -457,6 +468,25 @@ func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
 		l.use(fn, in.s)
 	case *ir.NopStmt:
 		in.op = opNop
+	case *ir.CallDynamicStmt:
+		// A rule chosen by values known only at evaluation time, such as
+		// data.t.pkgs[input.p].allow.
+		in.op, in.t = opCallDynamic, int(x.Result)
+		l.use(fn, in.t)
+		if len(x.Args) != 2 {
+			return in, fmt.Errorf("%w: dynamic call with %d arguments", ErrUnsupported, len(x.Args))
+		}
+		for _, a := range x.Args {
+			l.use(fn, int(a))
+			in.args = append(in.args, operand{local: int(a)})
+		}
+		for _, seg := range x.Path {
+			o, err := l.operand(seg, fn)
+			if err != nil {
+				return in, err
+			}
+			in.dyn = append(in.dyn, o)
+		}
 	case *ir.ObjectMergeStmt:
 		// The planner merges a base document from data (A) with the
 		// rules' values under the same path (B).
@@ -478,8 +508,8 @@ func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
 		}
 		in.blocks = [][]instr{code}
 	default:
-		// CallDynamicStmt, ...: OPA's interpreter runs these; this package
-		// does not pretend to.
+		// A statement added to OPA after this package was written: OPA's
+		// interpreter runs it; this package does not pretend to.
 		return in, fmt.Errorf("%w: statement %T", ErrUnsupported, s)
 	}
 	return in, err
@@ -649,7 +679,7 @@ func isConstant(op opcode) bool {
 // forget drops from known every local in may write.
 func forget(known map[int]*ast.Term, in *instr) {
 	switch in.op {
-	case opCall, opCallBuiltin, opDot, opLen, opAssignVar, opAssignVarOnce, opResetLocal, opObjectMerge,
+	case opCall, opCallBuiltin, opCallDynamic, opDot, opLen, opAssignVar, opAssignVarOnce, opResetLocal, opObjectMerge,
 		opMakeArray, opMakeObject, opMakeSet, opArrayAppend, opObjectInsert, opObjectInsertOnce, opSetAdd:
 		delete(known, in.t)
 	case opScan:

@@ -183,6 +183,13 @@ a.b.d := input.n
 a.e[input.k] := true
 r := {"a": a, "a_with_data": data.t.a}`, data: `{"t": {"a": {"b": {"x": "base"}, "y": [1]}, "z": 3}}`,
 			inputs: []string{`{"n": 2, "k": "key"}`, `{}`, `{"k": "b"}`}},
+		{name: "rules chosen at evaluation time", module: `package t
+pkgs.a.v := 1
+pkgs.b.v := input.n
+pkgs.c.v := 3 if input.n > 5
+default r := "none"
+r := pkgs[input.p].v`, data: `{"t": {"pkgs": {"d": {"v": "from data"}}}}`,
+			inputs: []string{`{"p": "a"}`, `{"p": "b", "n": 4}`, `{"p": "c", "n": 1}`, `{"p": "c", "n": 9}`, `{"p": "d"}`, `{"p": "zz"}`, `{"p": 1}`, `{}`}},
 		{name: "with makes a rule undefined", module: `package t
 f if input.x > 1
 r := "yes" if { f with input.x as 0 } else := "no"`, inputs: []string{`{"x": 5}`, `{}`}},
@@ -235,24 +242,39 @@ r := y if { is_number(input.x); y := input.x + 1 } else := "nan"`, inputs: []str
 	}
 }
 
-// TestLoadRefusesWhatItDoesNotRun: a plan with a statement irvm does not
-// implement (here CallDynamicStmt, from a rule chosen by an input value) is
-// refused with ErrUnsupported instead of being run approximately.
+// TestLoadRefusesWhatItDoesNotRun: a plan irvm cannot run exactly is
+// refused with ErrUnsupported instead of being run approximately: a
+// relation (a built-in with several answers), a statement it does not know
+// (named with its place in the module, once), a built-in outside the
+// capabilities.
 func TestLoadRefusesWhatItDoesNotRun(t *testing.T) {
-	for _, module := range []string{
-		"package t\npkgs.a.v := 1\npkgs.b.v := 2\nr := pkgs[input.p].v", // CallDynamicStmt
-	} {
-		_, err := plan(t, module, "data.t.r")
-		if !errors.Is(err, irvm.ErrUnsupported) {
-			t.Fatalf("%s: want ErrUnsupported, got %v", module, err)
-		}
-		// The error names the refused statement's place in the module, once.
-		if strings.Count(err.Error(), "m.rego:") != 1 {
-			t.Fatalf("%s: want one m.rego:ROW:COL in %q", module, err)
-		}
+	_, err := plan(t, "package t\nr := [p | walk(input, [p, _])]", "data.t.r")
+	if !errors.Is(err, irvm.ErrUnsupported) || !strings.Contains(err.Error(), "walk") {
+		t.Fatalf("walk: want ErrUnsupported naming walk, got %v", err)
 	}
-	// A built-in outside the capabilities is refused too.
+
+	m, err := ast.ParseModule("m.rego", "package t\nr := input.x")
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := ast.NewCompiler().WithEvalMode(ast.EvalModeIR)
+	c.Compile(map[string]*ast.Module{"m.rego": m})
+	var pol *ir.Policy
+	if _, err := rego.New(rego.Query("data.t.r"), rego.Compiler(c), rego.Target(target)).
+		PrepareForEval(context.WithValue(context.Background(), sinkKey{}, &pol)); err != nil {
+		t.Fatal(err)
+	}
+	block := pol.Funcs.Funcs[0].Blocks[0]
+	stranger := &unknownStmt{}
+	stranger.SetLocation(block.Stmts[0].GetLocation().File, 2, 6, "m.rego", []byte("input.x"))
+	block.Stmts = append([]ir.Stmt{stranger}, block.Stmts...)
+	_, err = irvm.Load(pol, ast.CapabilitiesForThisVersion())
+	if !errors.Is(err, irvm.ErrUnsupported) || strings.Count(err.Error(), ":2:6:") != 1 {
+		t.Fatalf("unknown statement: want ErrUnsupported naming :2:6: once, got %v", err)
+	}
+
+	// A built-in outside the capabilities is refused too.
+	c = ast.NewCompiler().WithEvalMode(ast.EvalModeIR)
 	c.Compile(map[string]*ast.Module{"m.rego": ast.MustParseModule("package t\nr := upper(input.s)")})
 	var p *ir.Policy
 	if _, err := rego.New(rego.Query("data.t.r"), rego.Compiler(c), rego.Target(target)).
@@ -437,3 +459,6 @@ func TestMergeConflictIsAnError(t *testing.T) {
 		t.Fatalf("got %v, %v", got, err)
 	}
 }
+
+// unknownStmt stands for a statement a newer OPA might plan.
+type unknownStmt struct{ ir.Location }
