@@ -202,13 +202,16 @@ func (e *Engine) load(ctx context.Context) (*snapshot, error) {
 	// A bundle that cannot answer a minimal input is broken: refuse it here
 	// rather than deny every pod after the swap. The plan must answer it
 	// exactly as the interpreter does, or the interpreter decides.
-	probe := Input{Version: ContractVersion, Kind: KindSandbox}
-	want, err := snap.evalTopdown(ctx, probe.astValue())
+	probe := (&Input{Version: ContractVersion, Kind: KindSandbox}).astValue()
+	want, err := snap.evalTopdown(ctx, probe)
+	if err == nil {
+		_, err = decisionOf(want)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("revision %s: probe decision: %w", rev, err)
 	}
 	if snap.program != nil {
-		got, err := snap.evalPlan(ctx, probe.astValue())
+		got, err := snap.evalPlan(ctx, probe)
 		if err != nil || !sameValue(got, want) {
 			snap.program, snap.planNote = nil, fmt.Sprintf("the plan's probe decision differs from OPA's interpreter (%v, error %v)", got, err)
 		}
@@ -216,9 +219,6 @@ func (e *Engine) load(ctx context.Context) (*snapshot, error) {
 	if e.opts.Evaluator != EvaluatorTopdown && snap.program == nil {
 		e.logger.Warn("policy decisions use OPA's interpreter: the compiled plan cannot run this bundle",
 			"revision", rev, "reason", snap.planNote)
-	}
-	if _, err := snap.evaluate(ctx, &probe); err != nil {
-		return nil, fmt.Errorf("revision %s: probe decision: %w", rev, err)
 	}
 	return snap, nil
 }
@@ -349,6 +349,12 @@ func (s *snapshot) evaluate(ctx context.Context, in *Input) (Decision, error) {
 	if err != nil {
 		return Decision{}, &evalError{RuleError, err}
 	}
+	return decisionOf(v)
+}
+
+// decisionOf reads the value of DecisionQuery; undefined (nil) and a value
+// of the wrong shape are fail-closed errors.
+func decisionOf(v ast.Value) (Decision, error) {
 	if v == nil {
 		return Decision{}, &evalError{RuleUndefined, errors.New(DecisionQuery + " is undefined for this input")}
 	}

@@ -197,10 +197,10 @@ func stringMapTerm(m map[string]string) *ast.Term {
 	return ast.NewTerm(o)
 }
 
-// inputKeys are the object keys of the input and of the decision, built
+// keyTerms are the object keys of the input and of the decision, built
 // once: ast.InternedTerm only interns a few common strings and would
 // allocate these on every decision.
-var inputKeys = func() map[string]*ast.Term {
+var keyTerms = func() map[string]*ast.Term {
 	m := map[string]*ast.Term{}
 	for _, k := range []string{
 		"version", "kind", "namespace", "pod", "request", "usage", "node",
@@ -219,7 +219,7 @@ var inputKeys = func() map[string]*ast.Term {
 }()
 
 func key(name string) *ast.Term {
-	if t, ok := inputKeys[name]; ok {
+	if t, ok := keyTerms[name]; ok {
 		return t
 	}
 	return ast.StringTerm(name)

@@ -85,9 +85,7 @@ func (o *Options) validate() error {
 	if o.BundlePath == "" {
 		return errors.New("policy: Options.BundlePath is required")
 	}
-	switch o.Evaluator {
-	case "", EvaluatorPlan, EvaluatorTopdown:
-	default:
+	if !KnownEvaluator(o.Evaluator) {
 		return fmt.Errorf("policy: Options.Evaluator %q must be %q or %q", o.Evaluator, EvaluatorPlan, EvaluatorTopdown)
 	}
 	if _, err := os.Stat(o.BundlePath); err != nil {

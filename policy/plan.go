@@ -23,6 +23,12 @@ const (
 	EvaluatorTopdown = "topdown"
 )
 
+// KnownEvaluator reports whether name is an evaluator Options accepts; the
+// empty name is EvaluatorPlan.
+func KnownEvaluator(name string) bool {
+	return name == "" || name == EvaluatorPlan || name == EvaluatorTopdown
+}
+
 // planTarget is the rego target under which the engine asks OPA's planner
 // for the decision query's plan. The target plugin only hands the plan
 // over; rego never evaluates through it.

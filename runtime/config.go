@@ -272,9 +272,7 @@ func (c Config) Validate() error {
 	if c.Pipeline.Enabled && c.Policy.Bundle == "" {
 		return errors.New("policy.bundle: must be set while pipeline.enabled is true (the pipeline fails closed without a policy)")
 	}
-	switch c.Policy.Evaluator {
-	case "", policy.EvaluatorPlan, policy.EvaluatorTopdown:
-	default:
+	if !policy.KnownEvaluator(c.Policy.Evaluator) {
 		return fmt.Errorf("policy.evaluator: %q is not one of %s, %s", c.Policy.Evaluator, policy.EvaluatorPlan, policy.EvaluatorTopdown)
 	}
 	if c.Policy.Bundle != "" && !c.Policy.InsecureSkipVerification && (c.Policy.KeyFile == "" || c.Policy.KeyID == "") {

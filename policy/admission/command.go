@@ -85,7 +85,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 		return c, errors.New("--key is required (or --insecure-skip-verification for development)")
 	case c.Key != "" && (c.KeyID == "" || c.Scope == ""):
 		return c, errors.New("--key-id and --scope are required with --key")
-	case c.Evaluator != policy.EvaluatorPlan && c.Evaluator != policy.EvaluatorTopdown:
+	case !policy.KnownEvaluator(c.Evaluator):
 		return c, fmt.Errorf("--evaluator %q: must be %q or %q", c.Evaluator, policy.EvaluatorPlan, policy.EvaluatorTopdown)
 	case c.BundlePoll <= 0:
 		return c, fmt.Errorf("--bundle-poll %v: must be positive", c.BundlePoll)

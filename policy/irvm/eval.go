@@ -66,7 +66,7 @@ type state struct {
 	retval  *ast.Term
 	out     *ast.Term
 	outFn   func(*ast.Term) error
-	args    []*ast.Term
+	args    []*ast.Term // a built-in's arguments
 	stack   []*ast.Term // frames' locals, allocated last in first out
 	frame   scanFrame   // the innermost scan running
 	// objectStep is scanStep as the func ast.Object.Iter takes, made once
@@ -121,12 +121,36 @@ func (st *state) alloc(n int) []*ast.Term {
 	return locals
 }
 
-// call runs fn with args bound to its parameters and returns its value (nil:
-// undefined). Rules without arguments are computed once per evaluation.
+// call returns fn's value for args (nil: undefined). A rule without
+// arguments is computed once per evaluation, and a rule with a cache is
+// looked up there first and kept there after.
 func (st *state) call(fn *function, args []*ast.Term) (*ast.Term, error) {
 	if fn.memo >= 0 && st.memoSet[fn.memo] {
 		return st.memo[fn.memo], nil
 	}
+	c := fn.cache
+	if c == nil || !st.cached || !c.active() {
+		return st.invoke(fn, args)
+	}
+	top := len(st.keys)
+	var h uint64
+	st.keys, h = c.key(st.input, st.keys)
+	key := st.keys[top:len(st.keys):len(st.keys)]
+	if v, ok := c.get(key, h); ok {
+		st.keys = st.keys[:top]
+		st.memo[fn.memo], st.memoSet[fn.memo] = v, true
+		return v, nil
+	}
+	res, err := st.invoke(fn, args)
+	if err == nil {
+		c.put(key, h, res) // copies key
+	}
+	st.keys = st.keys[:top]
+	return res, err
+}
+
+// invoke runs fn with args bound to its parameters.
+func (st *state) invoke(fn *function, args []*ast.Term) (*ast.Term, error) {
 	if st.ticks++; st.ticks&0xff == 0 {
 		if err := st.ctx.Err(); err != nil {
 			return nil, err
@@ -187,48 +211,15 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			st.retval = L[in.s]
 			return returned, nil
 		case opCall:
-			if m := in.fn.memo; m >= 0 && st.memoSet[m] {
-				if st.memo[m] == nil {
-					return 0, nil
-				}
-				L[in.t] = st.memo[m]
-				continue
-			}
-			var key []keyPart
-			var h uint64
-			keysTop := len(st.keys)
-			if c := in.fn.cache; c != nil && st.cached && c.active() {
-				st.keys, h = c.key(st.input, st.keys)
-				key = st.keys[keysTop:len(st.keys):len(st.keys)]
-				if v, ok := c.get(key, h); ok {
-					st.keys = st.keys[:keysTop]
-					st.memo[in.fn.memo], st.memoSet[in.fn.memo] = v, true
-					if v == nil {
-						return 0, nil
-					}
-					L[in.t] = v
-					continue
-				}
-			}
-			st.args = st.args[:0]
-			for j := range in.args {
-				st.args = append(st.args, val(&in.args[j], L))
-			}
-			// The callee binds the arguments to its own locals before it
-			// runs anything that could reuse st.args.
+			// The callee binds its arguments to locals of its own frame.
 			var buf [8]*ast.Term
 			args := buf[:0]
-			if len(st.args) > len(buf) {
-				args = make([]*ast.Term, 0, len(st.args))
+			for j := range in.args {
+				args = append(args, val(&in.args[j], L))
 			}
-			args = append(args, st.args...)
 			res, err := st.call(in.fn, args)
 			if err != nil {
 				return 0, err
-			}
-			if key != nil {
-				in.fn.cache.put(key, h, res)
-				st.keys = st.keys[:keysTop]
 			}
 			if res == nil {
 				return 0, nil
@@ -299,14 +290,10 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 			if callee == nil {
 				return 0, nil
 			}
-			var res *ast.Term
-			if callee.memo >= 0 && st.memoSet[callee.memo] {
-				res = st.memo[callee.memo]
-			} else {
-				var err error
-				if res, err = st.call(callee, []*ast.Term{L[in.args[0].local], L[in.args[1].local]}); err != nil {
-					return 0, err
-				}
+			args := [2]*ast.Term{val(&in.args[0], L), val(&in.args[1], L)}
+			res, err := st.call(callee, args[:])
+			if err != nil {
+				return 0, err
 			}
 			if res == nil {
 				return 3, nil
@@ -462,13 +449,7 @@ func (st *state) with(in *instr, L []*ast.Term) (int, error) {
 	copy(st.memo, memo)
 	copy(st.memoSet, memoSet)
 	st.cached, L[in.t] = cached, saved
-	if err != nil || r == returned {
-		return r, err
-	}
-	if r == fellThrough {
-		return fellThrough, nil
-	}
-	return r, nil
+	return r, err
 }
 
 // upsert is doc with the value at path set to v: doc and the objects along
