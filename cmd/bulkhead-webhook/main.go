@@ -26,6 +26,12 @@ func main() {
 		logger.Error("bulkhead-webhook: bad flags", "err", err)
 		os.Exit(2)
 	}
+	gc, err := admission.ConfigureGC(cfg.GCPercent, cfg.MemoryLimit)
+	if err != nil {
+		logger.Error("bulkhead-webhook: garbage collector settings", "err", err)
+		os.Exit(2)
+	}
+	logger.Info("garbage collector", "gc_percent", gc.GCPercent, "memory_limit_bytes", gc.MemoryLimit, "source", gc.Source)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := admission.Run(ctx, cfg, logger); err != nil {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,6 +20,8 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
@@ -33,10 +36,14 @@ var benchReviews = []string{"pod-allowed.json", "pod-runc.json", "deployment-vio
 
 // benchWebhook builds the webhook the way Run does: the real engine on the
 // default bundle, tenant usage from an informer holding 300 pods in 11
-// namespaces of other tenants (the agents tenant's quota stays free), metrics.
+// namespaces of other tenants (the agents tenant's quota stays free), the
+// RuntimeClasses deploy/ installs, metrics.
 func benchWebhook(b *testing.B) (*Reviewer, http.Handler) {
 	b.Helper()
-	var objs []runtime.Object
+	objs := []runtime.Object{
+		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "bulkhead"}, Handler: "bulkhead"},
+		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "runc"}, Handler: "runc"},
+	}
 	for i := range 300 {
 		ns := "platform"
 		if i%11 != 0 {
@@ -99,13 +106,37 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[i]
 }
 
+// deployedGC is what ConfigureGC sets in the webhook's container as
+// deploy/webhook/deployment.yaml runs it: a 512Mi memory limit.
+var deployedGC = GCSettings{GCPercent: DefaultGCPercent, MemoryLimit: shareOf(512 << 20)}
+
+// goDefaultGC is Go's own default: collect when the heap has doubled.
+var goDefaultGC = GCSettings{GCPercent: 100}
+
+// withGC runs f with the process's collector set to s.
+func withGC(s GCSettings, f func()) {
+	prevPercent, prevLimit := debug.SetGCPercent(s.GCPercent), debug.SetMemoryLimit(-1)
+	applyGC(s)
+	defer func() {
+		debug.SetGCPercent(prevPercent)
+		debug.SetMemoryLimit(prevLimit)
+	}()
+	f()
+}
+
 // BenchmarkWebhook measures AdmissionReviews over TLS on loopback with 1, 16
 // and 64 concurrent clients (one keep-alive connection each), against a
 // baseline measured in the same run: Reviewer.Review called directly, with
 // no HTTP, TLS or JSON (and the engine's Decide alone). Reported: p50/p99
 // latency per review (ms), reviews per second, CPU time per review, and p50
-// relative to the direct baseline.
+// relative to the direct baseline. The collector runs as ConfigureGC sets
+// it in the deployed container; clients=64,gc=go-default repeats 64 clients
+// with Go's default collector for comparison.
 func BenchmarkWebhook(b *testing.B) {
+	withGC(deployedGC, func() { benchmarkWebhook(b) })
+}
+
+func benchmarkWebhook(b *testing.B) {
 	rev, h := benchWebhook(b)
 	var templates []reviewTemplate
 	for _, f := range benchReviews {
@@ -200,8 +231,19 @@ func BenchmarkWebhook(b *testing.B) {
 	})
 	base := tlsServer(b, timed, certs)
 
-	for _, clients := range []int{1, 16, 64} {
-		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+	for _, run := range []struct {
+		clients int
+		gc      string
+	}{{1, ""}, {16, ""}, {64, ""}, {64, "go-default"}} {
+		clients, name := run.clients, fmt.Sprintf("clients=%d", run.clients)
+		if run.gc != "" {
+			name += ",gc=" + run.gc
+		}
+		b.Run(name, func(b *testing.B) {
+			if run.gc == "go-default" {
+				prev := debug.SetGCPercent(goDefaultGC.GCPercent)
+				defer debug.SetGCPercent(prev)
+			}
 			hc := make([]*http.Client, clients)
 			for i := range hc {
 				hc[i] = &http.Client{Transport: &http.Transport{

@@ -47,6 +47,10 @@ type Config struct {
 	NoUsage bool
 	// MaxBodyBytes bounds an AdmissionReview body.
 	MaxBodyBytes int64
+	// GCPercent and MemoryLimit are the garbage collector's settings,
+	// applied by ConfigureGC.
+	GCPercent   int
+	MemoryLimit string
 }
 
 // ParseFlags reads the binary's flags. Errors name the flag and the rule.
@@ -70,6 +74,8 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig outside a cluster (empty: in-cluster)")
 	fs.BoolVar(&c.NoUsage, "no-usage", false, "do not watch pods; quotas see zero usage")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", DefaultMaxBodyBytes, "largest AdmissionReview body accepted")
+	fs.IntVar(&c.GCPercent, "gc-percent", DefaultGCPercent, "heap growth in percent before a collection, used while a memory limit is in force (GOGC wins)")
+	fs.StringVar(&c.MemoryLimit, "memory-limit", MemoryLimitAuto, "Go's soft memory limit: auto (90% of the container's limit), 0 (none) or a quantity such as 460Mi (GOMEMLIMIT wins)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -91,6 +97,11 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 		return c, fmt.Errorf("--bundle-poll %v: must be positive", c.BundlePoll)
 	case c.MaxBodyBytes <= 0:
 		return c, fmt.Errorf("--max-body-bytes %d: must be positive", c.MaxBodyBytes)
+	case c.GCPercent <= 0:
+		return c, fmt.Errorf("--gc-percent %d: must be positive", c.GCPercent)
+	}
+	if _, _, err := parseMemoryLimit(c.MemoryLimit); err != nil {
+		return c, err
 	}
 	return c, nil
 }

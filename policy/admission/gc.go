@@ -1,0 +1,173 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// The webhook's garbage collector settings. A review allocates tens of
+// kilobytes (TLS records, the decoded object, the policy's values) and the
+// live heap is small, so with Go's default (collect when the heap doubles)
+// the collector runs every few hundred reviews and costs about a third of
+// the CPU at full load. The webhook runs in a container with a memory
+// limit, so it trades memory it is allowed for CPU: the heap may grow to
+// GCPercent over the live heap, and the runtime's soft memory limit (a
+// share of the container's limit) makes it collect earlier when that
+// would approach the limit. Without a limit Go's defaults stay.
+const (
+	// DefaultGCPercent is the heap growth allowed when a memory limit is
+	// in force (Go's default is 100).
+	DefaultGCPercent = 400
+	// MemoryLimitShare is the share of the container's memory limit given
+	// to the Go runtime as its soft limit; the rest is for memory the
+	// runtime does not count (thread stacks outside the heap, the page
+	// cache of the bundle) and for the time the collector needs to react.
+	MemoryLimitShare = 0.9
+	// MemoryLimitAuto asks for MemoryLimitShare of the cgroup's limit.
+	MemoryLimitAuto = "auto"
+)
+
+// cgroupMemoryFiles are where a container sees its memory limit: cgroup v2
+// then v1, relative to the cgroup file system's mount point.
+var cgroupMemoryFiles = []string{"memory.max", "memory/memory.limit_in_bytes"}
+
+// GCSettings is what ConfigureGC decided; it is logged at start.
+type GCSettings struct {
+	// GCPercent is the collector's target heap growth in percent.
+	GCPercent int
+	// MemoryLimit is the soft memory limit in bytes; 0 means none.
+	MemoryLimit int64
+	// Source says where each value came from.
+	Source string
+}
+
+// gcPlan works out the settings without applying them. env is the process
+// environment lookup, cgroupRoot the cgroup file system's mount point.
+func gcPlan(gcPercent int, memoryLimit string, env func(string) (string, bool), cgroupRoot string) (GCSettings, error) {
+	var s GCSettings
+	var sources []string
+	// The Go runtime's own variables win: an operator who sets them has
+	// decided.
+	if v, ok := env("GOMEMLIMIT"); ok && v != "" {
+		sources = append(sources, "memory limit from GOMEMLIMIT")
+		s.MemoryLimit = debug.SetMemoryLimit(-1)
+		if s.MemoryLimit == math.MaxInt64 {
+			s.MemoryLimit = 0
+		}
+	} else {
+		limit, auto, err := parseMemoryLimit(memoryLimit)
+		switch {
+		case err != nil:
+			return s, err
+		case auto:
+			cg, err := cgroupMemoryLimit(cgroupRoot)
+			if err != nil {
+				return s, fmt.Errorf("--memory-limit auto: %w", err)
+			}
+			if cg > 0 {
+				s.MemoryLimit = shareOf(cg)
+				sources = append(sources, fmt.Sprintf("memory limit %.0f%% of the cgroup's %d bytes", MemoryLimitShare*100, cg))
+			} else {
+				sources = append(sources, "no memory limit (the cgroup has none)")
+			}
+		case limit == 0:
+			sources = append(sources, "no memory limit (--memory-limit 0)")
+		default:
+			s.MemoryLimit = limit
+			sources = append(sources, "memory limit from --memory-limit")
+		}
+	}
+	switch v, ok := env("GOGC"); {
+	case ok && v != "":
+		s.GCPercent = debug.SetGCPercent(100)
+		debug.SetGCPercent(s.GCPercent)
+		sources = append(sources, "GC percent from GOGC")
+	case gcPercent <= 0:
+		return s, fmt.Errorf("--gc-percent %d: must be positive", gcPercent)
+	case s.MemoryLimit == 0:
+		// Growing the heap fourfold with nothing to stop it is not this
+		// process's decision to make.
+		s.GCPercent = 100
+		sources = append(sources, "GC percent 100 (Go's default: no memory limit to bound a larger heap)")
+	default:
+		s.GCPercent = gcPercent
+		sources = append(sources, "GC percent from --gc-percent")
+	}
+	s.Source = strings.Join(sources, "; ")
+	return s, nil
+}
+
+// shareOf is the soft limit for a container limit of limit bytes.
+func shareOf(limit int64) int64 { return int64(float64(limit) * MemoryLimitShare) }
+
+// parseMemoryLimit reads --memory-limit: "auto", "0" (none) or a positive
+// quantity.
+func parseMemoryLimit(v string) (limit int64, auto bool, err error) {
+	switch v = strings.TrimSpace(v); v {
+	case MemoryLimitAuto:
+		return 0, true, nil
+	case "", "0":
+		return 0, false, nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil || q.Sign() <= 0 {
+		return 0, false, fmt.Errorf("--memory-limit %q: must be %q, 0 or a positive quantity such as 460Mi", v, MemoryLimitAuto)
+	}
+	return q.Value(), false, nil
+}
+
+// ConfigureGC applies the collector settings for the webhook process (see
+// the constants above) and returns them. It changes process-wide runtime
+// settings: call it once, from main.
+func ConfigureGC(gcPercent int, memoryLimit string) (GCSettings, error) {
+	s, err := gcPlan(gcPercent, memoryLimit, os.LookupEnv, "/sys/fs/cgroup")
+	if err != nil {
+		return s, err
+	}
+	applyGC(s)
+	return s, nil
+}
+
+func applyGC(s GCSettings) {
+	debug.SetGCPercent(s.GCPercent)
+	if s.MemoryLimit > 0 {
+		debug.SetMemoryLimit(s.MemoryLimit)
+	}
+}
+
+// cgroupMemoryLimit is the memory limit of this process's cgroup in bytes,
+// 0 when it has none (v2 "max", v1's page-rounded maximum) or when no
+// cgroup memory controller is mounted.
+func cgroupMemoryLimit(root string) (int64, error) {
+	for _, name := range cgroupMemoryFiles {
+		raw, err := os.ReadFile(filepath.Join(root, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		v := strings.TrimSpace(string(raw))
+		if v == "max" {
+			return 0, nil
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return 0, fmt.Errorf("%s: %q is not a memory limit", filepath.Join(root, name), v)
+		}
+		// cgroup v1 reports "no limit" as the largest page-aligned int64.
+		if n >= math.MaxInt64/2 {
+			return 0, nil
+		}
+		return n, nil
+	}
+	return 0, nil
+}

@@ -1,0 +1,121 @@
+package admission
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestGCPlan covers where the collector's settings come from: the
+// container's cgroup (v2 and v1, limited or not), the flags, and the Go
+// runtime's own variables, which win.
+func TestGCPlan(t *testing.T) {
+	cgroup := func(t *testing.T, file, content string) string {
+		root := t.TempDir()
+		if file != "" {
+			path := filepath.Join(root, file)
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return root
+	}
+	noEnv := func(string) (string, bool) { return "", false }
+	tests := []struct {
+		name          string
+		file, content string
+		gcPercent     int
+		memoryLimit   string
+		env           func(string) (string, bool)
+		wantPercent   int
+		wantLimit     int64
+		wantSource    string
+		wantErr       string
+	}{
+		{name: "cgroup v2 limit", file: "memory.max", content: "536870912\n", gcPercent: 400, memoryLimit: "auto",
+			wantPercent: 400, wantLimit: 483183820, wantSource: "90% of the cgroup's 536870912 bytes"},
+		{name: "cgroup v1 limit", file: "memory/memory.limit_in_bytes", content: "1073741824\n", gcPercent: 300, memoryLimit: "auto",
+			wantPercent: 300, wantLimit: 966367641},
+		{name: "cgroup v2 unlimited keeps Go's default", file: "memory.max", content: "max\n", gcPercent: 400, memoryLimit: "auto",
+			wantPercent: 100, wantLimit: 0, wantSource: "no memory limit (the cgroup has none)"},
+		{name: "cgroup v1 unlimited", file: "memory/memory.limit_in_bytes", content: "9223372036854771712\n", gcPercent: 400, memoryLimit: "auto",
+			wantPercent: 100, wantLimit: 0},
+		{name: "no cgroup controller", gcPercent: 400, memoryLimit: "auto", wantPercent: 100, wantLimit: 0},
+		{name: "explicit limit", gcPercent: 400, memoryLimit: "460Mi", wantPercent: 400, wantLimit: 460 << 20,
+			wantSource: "memory limit from --memory-limit"},
+		{name: "no limit asked", file: "memory.max", content: "536870912", gcPercent: 400, memoryLimit: "0", wantPercent: 100, wantLimit: 0},
+		{name: "GOGC wins", file: "memory.max", content: "536870912", gcPercent: 400, memoryLimit: "auto",
+			env:         func(k string) (string, bool) { return map[string]string{"GOGC": "150"}[k], k == "GOGC" },
+			wantPercent: -2, wantLimit: 483183820, wantSource: "GC percent from GOGC"},
+		{name: "garbage in memory.max", file: "memory.max", content: "lots", gcPercent: 400, memoryLimit: "auto",
+			wantErr: `is not a memory limit`},
+		{name: "bad quantity", gcPercent: 400, memoryLimit: "half", wantErr: `--memory-limit "half": must be`},
+		{name: "negative quantity", gcPercent: 400, memoryLimit: "-1Gi", wantErr: `--memory-limit "-1Gi": must be`},
+		{name: "gc percent zero", gcPercent: 0, memoryLimit: "1Gi", wantErr: "--gc-percent 0: must be positive"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := tt.env
+			if env == nil {
+				env = noEnv
+			}
+			s, err := gcPlan(tt.gcPercent, tt.memoryLimit, env, cgroup(t, tt.file, tt.content))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			// -2: whatever the runtime has (set from GOGC at start).
+			if tt.wantPercent != -2 && s.GCPercent != tt.wantPercent {
+				t.Errorf("GCPercent = %d, want %d (%s)", s.GCPercent, tt.wantPercent, s.Source)
+			}
+			if s.MemoryLimit != tt.wantLimit {
+				t.Errorf("MemoryLimit = %d, want %d (%s)", s.MemoryLimit, tt.wantLimit, s.Source)
+			}
+			if !strings.Contains(s.Source, tt.wantSource) {
+				t.Errorf("Source = %q, want it to contain %q", s.Source, tt.wantSource)
+			}
+		})
+	}
+}
+
+func TestParseFlagsGC(t *testing.T) {
+	base := []string{"--tls-cert=c", "--tls-key=k", "--bundle=b", "--insecure-skip-verification"}
+	tests := []struct {
+		args        []string
+		wantErr     string
+		wantPercent int
+		wantLimit   string
+	}{
+		{args: nil, wantPercent: DefaultGCPercent, wantLimit: MemoryLimitAuto},
+		{args: []string{"--gc-percent=200", "--memory-limit=1Gi"}, wantPercent: 200, wantLimit: "1Gi"},
+		{args: []string{"--gc-percent=0"}, wantErr: "--gc-percent 0: must be positive"},
+		{args: []string{"--memory-limit=lots"}, wantErr: `--memory-limit "lots": must be "auto", 0 or a positive quantity`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			c, err := ParseFlags(append(append([]string{}, base...), tt.args...), io.Discard)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.GCPercent != tt.wantPercent || c.MemoryLimit != tt.wantLimit {
+				t.Errorf("GCPercent, MemoryLimit = %d, %q, want %d, %q", c.GCPercent, c.MemoryLimit, tt.wantPercent, tt.wantLimit)
+			}
+		})
+	}
+}
