@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -66,12 +67,20 @@ var latencySample struct {
 	bundle, baseline []time.Duration
 	// topdown is the same bundle through OPA's interpreter (Options.Evaluator
 	// topdown), the evaluator the plan replaced, on topdownSampleSize decisions.
-	topdown          []time.Duration
+	topdown []time.Duration
+	// webhookGC is the bundle again with the collector as the webhook
+	// process sets it (webhookGCPercent), where decisions come at a rate.
+	webhookGC        []time.Duration
 	allowed, refused int
 	// CPU time (user+system, all threads: GC included) per decision; less
 	// sensitive than wall-clock percentiles to a machine shared with others.
-	bundleCPU, baselineCPU, topdownCPU time.Duration
+	bundleCPU, baselineCPU, topdownCPU, webhookGCCPU time.Duration
 }
+
+// webhookGCPercent is admission.DefaultGCPercent, the collector setting of
+// the webhook's process (policy/admission imports this package, so the
+// constant cannot be used here).
+const webhookGCPercent = 400
 
 const (
 	sampleSize        = 100_000
@@ -124,7 +133,9 @@ func openBaseline(b *testing.B) *Engine {
 
 // BenchmarkDecide reports ns/op and allocs/op of Decide on the default
 // bundle over a mix of realistic inputs, and p50/p90/p99/p99.9 over 100k
-// decisions, with the same figures for a constant bundle as baseline.
+// decisions, with the same figures for a constant bundle as baseline, for
+// OPA's interpreter, and for the bundle with the collector set as the
+// webhook's process sets it (webhook-gc-*).
 func BenchmarkDecide(b *testing.B) {
 	e := openDefault(b)
 	inputs := benchInputs()
@@ -138,6 +149,9 @@ func BenchmarkDecide(b *testing.B) {
 		var allowed int
 		latencySample.bundle, allowed, latencySample.bundleCPU = measure(b, e, inputs, sampleSize)
 		latencySample.allowed, latencySample.refused = allowed, sampleSize-allowed
+		prev := debug.SetGCPercent(webhookGCPercent)
+		latencySample.webhookGC, _, latencySample.webhookGCCPU = measure(b, e, inputs, sampleSize)
+		debug.SetGCPercent(prev)
 		td := openDefaultWith(b, EvaluatorTopdown)
 		latencySample.topdown, _, latencySample.topdownCPU = measure(b, td, inputs, topdownSampleSize)
 		for _, in := range inputs {
@@ -160,6 +174,9 @@ func BenchmarkDecide(b *testing.B) {
 	b.ReportMetric(percentile(s.bundle, 0.99)/50_000, "p99/50µs-target")
 	b.ReportMetric(float64(s.refused)/sampleSize, "refused-fraction")
 	b.ReportMetric(float64(s.bundleCPU.Nanoseconds()), "cpu-ns/decision")
+	b.ReportMetric(percentile(s.webhookGC, 0.50), "webhook-gc-p50-ns")
+	b.ReportMetric(percentile(s.webhookGC, 0.99), "webhook-gc-p99-ns")
+	b.ReportMetric(float64(s.webhookGCCPU.Nanoseconds()), "webhook-gc-cpu-ns/decision")
 	b.ReportMetric(float64(s.baselineCPU.Nanoseconds()), "baseline-cpu-ns/decision")
 	b.ReportMetric(percentile(s.topdown, 0.50), "topdown-p50-ns")
 	b.ReportMetric(percentile(s.topdown, 0.99), "topdown-p99-ns")
