@@ -5,6 +5,7 @@
 package bulkhead.rdma
 
 import data.bulkhead.identity
+import data.bulkhead.workload
 
 requested if input.request.rdma == true
 
@@ -25,7 +26,7 @@ findings contains {
 	"rule": "rdma.device_forbidden",
 	"message": sprintf("container %q asks for %s directly; RDMA devices come only through bulkhead.dev/rdma as the tenant's own VF", [c.name, path]),
 } if {
-	some c in object.get(input.pod, "containers", [])
+	some c in workload.containers
 	some path in object.get(c, "devices", [])
 	startswith(path, "/dev/infiniband/")
 }

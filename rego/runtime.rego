@@ -7,7 +7,13 @@ package bulkhead.runtime
 
 import data.bulkhead.identity
 
-handler := object.get(input.pod, "runtime_handler", "")
+# The pod's fields are read by path with defaults, not with object.get on
+# input.pod, and no message names the pod (the decision is about it): the
+# findings then depend on the handler and the namespace alone, and the
+# engine keeps them for the next pod of the same tenant and handler.
+default handler := ""
+
+handler := input.pod.runtime_handler
 
 # runtime_of_handler is the runtime the pod would actually run under.
 runtime_of_handler := data.bulkhead.default_handler_runtime if handler == ""
@@ -51,7 +57,7 @@ handler_missing_is_refused if {
 
 findings contains {
 	"rule": "runtime.runc_used",
-	"message": sprintf("tenant %q runs pod %q outside gVisor (handler %q)", [identity.tenant_label, object.get(input.pod, "name", ""), handler]),
+	"message": sprintf("tenant %q runs a pod outside gVisor (handler %q)", [identity.tenant_label, handler]),
 	"enforcement": "audit",
 } if {
 	permitted

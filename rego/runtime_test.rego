@@ -45,3 +45,15 @@ test_gvisor_forbidden_when_tier_lists_only_runc if {
 		with data.bulkhead.tiers as tiers
 	rs == {"runtime.gvisor_forbidden"}
 }
+
+# A pod without the runtime_handler field is judged as one naming none.
+test_missing_handler_field_is_no_handler if {
+	doc := json.remove(fx.pod("agents", "bulkhead"), ["/pod/runtime_handler"])
+	rules(doc) == {"runtime.handler_required"}
+	selected(doc) == "gvisor"
+}
+
+test_runc_message_names_tenant_and_handler if {
+	some f in runtime.findings with input as fx.platform with data.bulkhead.tenants as fx.tenants
+	f.message == `tenant "platform" runs a pod outside gVisor (handler "runc")`
+}

@@ -8,7 +8,12 @@ import data.bulkhead.identity
 
 settings := identity.settings
 
-containers := object.get(input.pod, "containers", [])
+# Read by path with a default (not object.get on input.pod) so that the
+# findings depend on the containers and host namespace flags, not on the
+# pod's name: the engine keeps them for the next replica.
+default containers := []
+
+containers := input.pod.containers
 
 findings contains {
 	"rule": "workload.privileged",
@@ -19,7 +24,12 @@ findings contains {
 	c.privileged == true
 }
 
-host_namespaces := {"host_network", "host_pid", "host_ipc"}
+# host_namespaces are the host namespaces the pod asks for.
+host_namespaces contains "host_network" if input.pod.host_network == true
+
+host_namespaces contains "host_pid" if input.pod.host_pid == true
+
+host_namespaces contains "host_ipc" if input.pod.host_ipc == true
 
 findings contains {
 	"rule": "workload.host_namespace",
@@ -27,7 +37,6 @@ findings contains {
 } if {
 	not settings.allow_host_namespaces
 	some field in host_namespaces
-	input.pod[field] == true
 }
 
 # RDMA device nodes are judged by bulkhead.rdma.

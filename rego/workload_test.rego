@@ -44,3 +44,11 @@ test_message_names_container_and_tier if {
 	some f in workload.findings with input as privileged(fx.agent) with data.bulkhead.tenants as fx.tenants
 	f.message == `container "main" is privileged; tier "untrusted" forbids privileged containers`
 }
+
+# A pod without containers (or without the field) has nothing to judge in
+# them; its host namespaces are still judged.
+test_pod_without_containers if {
+	bare := json.remove(fx.agent, ["/pod/containers"])
+	rules(bare) == set()
+	rules(object.union(bare, {"pod": {"host_pid": true}})) == {"workload.host_namespace"}
+}
