@@ -20,13 +20,17 @@ import (
 )
 
 // nthPod is the i-th decision of a benchmark: the inputs in turn, each time
-// for a new pod (its own name and uid), as on a node or at the API server.
-// Without that every decision after the sixth would repeat one already
-// made, and the plan's rule caches would answer whole findings from memory.
+// for a new pod (its own name and uid) of a tenant whose memory in use has
+// moved since (a value not seen in the last 65,536 decisions), as on a node
+// or at the API server. The plan's rule caches keep what depends only on
+// the namespace and the pod's spec (the replicas of a workload share it);
+// without the moving usage every decision after the sixth would repeat one
+// already made, and the caches would answer whole decisions from memory.
 func nthPod(inputs []Input, i int) Input {
 	in := inputs[i%len(inputs)]
 	n := strconv.Itoa(i)
 	in.Pod.Name, in.Pod.UID = in.Pod.Name+"-"+n, "uid-"+n
+	in.Usage.MemoryBytes += int64(i%65536) << 10
 	return in
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"runtime/debug"
@@ -24,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
@@ -61,7 +63,8 @@ func benchWebhook(b *testing.B) (*Reviewer, http.Handler) {
 		b.Fatal(err)
 	}
 	m := NewMetrics()
-	rev, err := NewReviewer(Options{Decider: openEngine(b), Usage: cluster.Usage, Handlers: cluster.Handlers, Metrics: m})
+	usage := &movingUsage{src: cluster.Usage, namespace: "agents"}
+	rev, err := NewReviewer(Options{Decider: openEngine(b), Usage: usage, Handlers: cluster.Handlers, Metrics: m})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -70,6 +73,32 @@ func benchWebhook(b *testing.B) (*Reviewer, http.Handler) {
 		b.Fatal(err)
 	}
 	return rev, h
+}
+
+// movingUsage is the informer's usage with the memory the reviewed tenant
+// holds moved on every review, as it does in a cluster where the pods
+// admitted before are running: otherwise every review after the third
+// would repeat one already decided and the policy's rule caches would
+// answer whole decisions from memory.
+type movingUsage struct {
+	src       UsageSource
+	namespace string
+	n         atomic.Int64
+}
+
+func (u *movingUsage) Snapshot(exclude types.UID) (map[string]policy.Usage, error) {
+	m, err := u.src.Snapshot(exclude)
+	if err != nil {
+		return nil, err
+	}
+	out := maps.Clone(m)
+	if out == nil {
+		out = map[string]policy.Usage{}
+	}
+	got := out[u.namespace]
+	got.MemoryBytes += (u.n.Add(1) % 65536) << 10
+	out[u.namespace] = got
+	return out, nil
 }
 
 // reviewTemplate makes reviews of new objects from one review: an API
@@ -165,6 +194,7 @@ func benchmarkWebhook(b *testing.B) {
 		for i := range b.N {
 			in := inputs[i%len(inputs)]
 			in.Pod.Name, in.Pod.UID = in.Pod.Name+"-"+strconv.Itoa(i), "uid-"+strconv.Itoa(i)
+			in.Usage.MemoryBytes = int64(i%65536) << 10 // as movingUsage
 			start := time.Now()
 			if _, err := engine.Decide(context.Background(), in); err != nil {
 				b.Fatal(err)
