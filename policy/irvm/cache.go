@@ -84,9 +84,16 @@ func equalPath(a, b path) bool {
 // argument, a comparison, a scan, a return, a key, an insert) makes the
 // value at its path a dependency, and so does every DotStmt on it, which
 // may fail. A call to another rule adds that rule's dependencies; passing
-// input-derived values to a function adds those values. The analysis does
-// not follow control flow: a local that may hold several paths holds all
-// of them, which only adds dependencies.
+// input-derived values to a function adds those values.
+//
+// The walk follows the statements in order, so a local the planner reuses
+// for something else in a later rule body (it numbers locals per body)
+// stops holding the path it held before: a statement that writes a local
+// replaces what it holds. Where control can leave a block early (a
+// statement that fails, a break), the walk goes on with everything the
+// block's locals held anywhere inside it, and an iteration's body is walked
+// until what its locals hold stops growing: this only ever adds
+// dependencies.
 func inputDeps(fn *function, memo map[*function]*deps) deps {
 	if d, ok := memo[fn]; ok {
 		if d == nil { // a cycle cannot occur in a plan; be safe
@@ -95,101 +102,179 @@ func inputDeps(fn *function, memo map[*function]*deps) deps {
 		return *d
 	}
 	memo[fn] = nil
-	var d deps
 	if len(fn.params) == 0 {
-		d.all = true
+		d := deps{all: true}
 		memo[fn] = &d
 		return d
 	}
-	held := map[int][]path{fn.params[0]: {path{}}} // locals holding input-derived values
+	w := &depWalk{self: fn.params[0], memo: memo}
+	st := heldPaths{fn.params[0]: {path{}}}
+	for _, b := range fn.blocks {
+		st.join(w.block(b, st.clone()))
+	}
+	// The rule's value leaves through its return local.
+	for _, p := range st[fn.ret] {
+		w.d.add(p)
+	}
+	memo[fn] = &w.d
+	return w.d
+}
+
+// heldPaths maps locals to the input paths whose values they may hold.
+type heldPaths map[int][]path
+
+func (h heldPaths) clone() heldPaths {
+	c := make(heldPaths, len(h))
+	for l, ps := range h {
+		c[l] = slices.Clone(ps)
+	}
+	return c
+}
+
+// add records that l may also hold ps; it reports whether that is new.
+func (h heldPaths) add(l int, ps []path) bool {
+	grew := false
+	for _, p := range ps {
+		if !slices.ContainsFunc(h[l], func(q path) bool { return equalPath(p, q) }) {
+			h[l] = append(h[l], p)
+			grew = true
+		}
+	}
+	return grew
+}
+
+// join adds everything o holds; it reports whether h grew.
+func (h heldPaths) join(o heldPaths) bool {
+	grew := false
+	for l, ps := range o {
+		grew = h.add(l, ps) || grew
+	}
+	return grew
+}
+
+type depWalk struct {
+	self int // the local that holds input
+	memo map[*function]*deps
+	d    deps
+}
+
+// block walks code from the state cur (which it changes) and returns
+// everything the locals held at any point in it: control may leave the
+// block after any statement.
+func (w *depWalk) block(code []instr, cur heldPaths) heldPaths {
+	seen := cur.clone()
+	set := func(l int, ps []path) {
+		if len(ps) == 0 {
+			delete(cur, l)
+		} else {
+			cur[l] = ps
+		}
+		seen.add(l, ps)
+	}
+	for i := range code {
+		in := &code[i]
+		w.uses(in, cur)
+		switch in.op {
+		case opDot:
+			var next []path
+			if in.a.konst == nil && in.b.konst != nil {
+				for _, p := range cur[in.a.local] {
+					next = append(next, append(slices.Clone(p), in.b.konst))
+				}
+			}
+			set(in.t, next)
+		case opAssignVar:
+			if in.a.konst != nil {
+				set(in.t, nil)
+			} else {
+				set(in.t, slices.Clone(cur[in.a.local]))
+			}
+		case opAssignVarOnce:
+			// It keeps an equal value already there: the local may hold both.
+			if in.a.konst == nil {
+				cur.add(in.t, cur[in.a.local])
+				seen.add(in.t, cur[in.a.local])
+			}
+		case opCall, opCallBuiltin, opCallDynamic, opLen, opResetLocal, opMakeNull, opMakeNumberInt,
+			opMakeNumberRef, opMakeArray, opMakeObject, opMakeSet, opLoadConst, opObjectMerge:
+			// A fresh value: what it depends on was recorded where it was
+			// made from input (the arguments, the callee's dependencies).
+			set(in.t, nil)
+		}
+		switch in.op {
+		case opScan:
+			// The key and value are new each round; the body runs any
+			// number of times, so walk it until nothing new is held.
+			loop := cur.clone()
+			delete(loop, in.k)
+			delete(loop, in.v)
+			for loop.join(w.block(in.blocks[0], loop.clone())) {
+			}
+			cur.join(loop)
+			seen.join(loop)
+		case opBlock, opNot, opWith:
+			// Blocks run in turn, each may stop anywhere.
+			inner := cur.clone()
+			for _, b := range in.blocks {
+				inner.join(w.block(b, inner.clone()))
+			}
+			cur.join(inner)
+			seen.join(inner)
+		}
+	}
+	return seen
+}
+
+// uses records the dependencies of what in reads.
+func (w *depWalk) uses(in *instr, cur heldPaths) {
 	use := func(o operand) {
 		if o.konst != nil {
 			return
 		}
-		for _, p := range held[o.local] {
-			d.add(p)
+		for _, p := range cur[o.local] {
+			w.d.add(p)
 		}
 	}
-	hold := func(dst int, ps []path) bool {
-		grew := false
-		for _, p := range ps {
-			if !slices.ContainsFunc(held[dst], func(q path) bool { return equalPath(p, q) }) {
-				held[dst] = append(held[dst], p)
-				grew = true
+	switch in.op {
+	case opDot:
+		if in.a.konst == nil {
+			for _, p := range cur[in.a.local] {
+				if in.b.konst == nil {
+					w.d.add(p)
+					continue
+				}
+				// The statement fails where the path does not resolve.
+				w.d.addExists(append(slices.Clone(p), in.b.konst))
 			}
 		}
-		return grew
-	}
-	// Aliases and derived paths may flow backwards through loops of blocks:
-	// repeat until nothing new is held.
-	for changed := true; changed; {
-		changed = false
-		var walk func(code []instr)
-		walk = func(code []instr) {
-			for i := range code {
-				in := &code[i]
-				switch in.op {
-				case opDot:
-					if in.a.konst == nil {
-						var next []path
-						for _, p := range held[in.a.local] {
-							if in.b.konst == nil {
-								d.add(p)
-								continue
-							}
-							q := append(slices.Clone(p), in.b.konst)
-							d.addExists(q) // the statement fails where q does not resolve
-							next = append(next, q)
-						}
-						changed = hold(in.t, next) || changed
-					}
-					use(in.b)
-				case opAssignVar, opAssignVarOnce:
-					if in.a.konst == nil {
-						changed = hold(in.t, held[in.a.local]) || changed
-					}
-				case opCall:
-					for j, a := range in.args {
-						if j == 0 && a.konst == nil && a.local == fn.params[0] && len(held[a.local]) == 1 && len(held[a.local][0]) == 0 {
-							d.merge(inputDeps(in.fn, memo)) // input itself, as the callee's input
-							continue
-						}
-						use(a)
-					}
-				case opCallBuiltin:
-					for _, a := range in.args {
-						use(a)
-					}
-				case opScan:
-					use(operand{local: in.s})
-				case opObjectMerge:
-					use(operand{local: in.s})
-					use(operand{local: in.k})
-				case opCallDynamic:
-					d.all = true // which rule runs is known only at evaluation time
-				case opReturn, opIsDefined, opIsUndefined, opResultSetAdd:
-					use(operand{local: in.s})
-				case opEqual, opNotEqual, opObjectInsert, opObjectInsertOnce:
-					use(in.a)
-					use(in.b)
-				case opIsArray, opIsObject, opIsSet, opLen, opArrayAppend, opSetAdd, opWith:
-					use(in.a)
-				}
-				for _, b := range in.blocks {
-					walk(b)
-				}
+		use(in.b)
+	case opCall:
+		for j, a := range in.args {
+			if held := cur[a.local]; j == 0 && a.konst == nil && a.local == w.self && len(held) == 1 && len(held[0]) == 0 {
+				w.d.merge(inputDeps(in.fn, w.memo)) // input itself, as the callee's input
+				continue
 			}
+			use(a)
 		}
-		for _, b := range fn.blocks {
-			walk(b)
+	case opCallBuiltin:
+		for _, a := range in.args {
+			use(a)
 		}
+	case opScan:
+		use(operand{local: in.s})
+	case opObjectMerge:
+		use(operand{local: in.s})
+		use(operand{local: in.k})
+	case opCallDynamic:
+		w.d.all = true // which rule runs is known only at evaluation time
+	case opReturn, opIsDefined, opIsUndefined, opResultSetAdd:
+		use(operand{local: in.s})
+	case opEqual, opNotEqual, opObjectInsert, opObjectInsertOnce:
+		use(in.a)
+		use(in.b)
+	case opIsArray, opIsObject, opIsSet, opLen, opArrayAppend, opSetAdd, opWith:
+		use(in.a)
 	}
-	// The rule's value leaves through its return local.
-	for _, p := range held[fn.ret] {
-		d.add(p)
-	}
-	memo[fn] = &d
-	return d
 }
 
 // size is the number of statements fn and the functions it calls hold.

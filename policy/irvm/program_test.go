@@ -3,6 +3,7 @@ package irvm_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -462,3 +463,136 @@ func TestMergeConflictIsAnError(t *testing.T) {
 
 // unknownStmt stands for a statement a newer OPA might plan.
 type unknownStmt struct{ ir.Location }
+
+// TestRuleCacheKeysFollowStatementOrder: the planner numbers locals per
+// rule body, so one local holds a rule's value in one body and input.pod
+// in the next. The key of such a rule must come from what each body reads
+// (input.namespace, input.pod.annotations), not from every value a local
+// number held anywhere: a key with the whole pod in it changes with every
+// pod and the cache never serves. Values must still follow the input.
+func TestRuleCacheKeysFollowStatementOrder(t *testing.T) {
+	const module = `package t
+tenant := data.tenants[input.namespace]
+findings contains "unknown namespace" if not tenant
+findings contains "tenant found" if tenant
+findings contains sprintf("annotation %s", [k]) if {
+	some k, v in input.pod.annotations
+	v != tenant
+}
+findings contains "loop" if {
+	some c in input.pod.containers
+	x := c.name
+	x == input.pod.main
+}
+r := findings`
+	defer irvm.CacheEveryRule()()
+	p, err := plan(t, module, "data.t.r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, ok := p.CachedRules()["g0.data.t.findings"]
+	if !ok {
+		t.Fatalf("findings has no cache: %v", p.CachedRules())
+	}
+	for _, want := range []string{"input.namespace ", "input.pod.annotations ", "input.pod.containers ", "input.pod.main "} {
+		if !strings.Contains(key, want) {
+			t.Errorf("key %q lacks %q", key, want)
+		}
+	}
+	if strings.Contains(key, "input.pod ") || strings.Contains(key, "input ") {
+		t.Errorf("key %q depends on the whole pod or input", key)
+	}
+	data := ast.MustParseTerm(`{"tenants": {"a": "ta"}}`).Value
+	inputs := []string{
+		`{"namespace": "a", "pod": {"name": "p1", "annotations": {"x": "ta"}}}`,
+		`{"namespace": "a", "pod": {"name": "p2", "annotations": {"x": "ta"}}}`,
+		`{"namespace": "a", "pod": {"name": "p3", "annotations": {"x": "tb"}}}`,
+		`{"namespace": "b", "pod": {"name": "p4", "annotations": {"x": "tb"}}}`,
+		`{"namespace": "b", "pod": {"name": "p5"}}`,
+		`{"namespace": "b", "pod": {"name": "p6", "containers": [{"name": "m"}], "main": "m"}}`,
+		`{"namespace": "b", "pod": {"name": "p7", "containers": [{"name": "m"}], "main": "n"}}`,
+		`{"namespace": "a", "pod": {"name": "p8", "annotations": {"x": "ta"}}}`,
+	}
+	dataTerm := ast.NewTerm(data)
+	for round := range 2 {
+		for i, raw := range inputs {
+			input := ast.MustParseTerm(raw).Value
+			want, werr := interpret(t, module, "data.t.r", input, data)
+			got, gerr := run(p, input, dataTerm)
+			if werr != nil || gerr != nil {
+				t.Fatalf("round %d input %d: interpreter error %v, plan error %v", round, i, werr, gerr)
+			}
+			if (want == nil) != (got == nil) || (want != nil && ast.Compare(want, got) != 0) {
+				t.Fatalf("round %d input %d %s:\ninterpreter %v\nplan        %v", round, i, raw, want, got)
+			}
+		}
+	}
+	if s := p.CacheStats(); s.Hits == 0 {
+		t.Fatalf("no lookup was served: %+v", s)
+	}
+}
+
+// TestRuleCacheKeysSeeThroughNestedBlocks: a local that takes a value
+// from input inside a nested block (which may stop early) or in one round
+// of an iteration, and is used after it or in the next round, must put that
+// path in the rule's key. The planner rarely emits these shapes, so the
+// rules are built by hand; each returns what input.a holds.
+func TestRuleCacheKeysSeeThroughNestedBlocks(t *testing.T) {
+	const ret, x, y, arr, k, v, res = ir.Local(2), ir.Local(3), ir.Local(4), ir.Local(5), ir.Local(6), ir.Local(7), ir.Local(8)
+	local := func(l ir.Local) ir.Operand { return ir.Operand{Value: l} }
+	dotA := &ir.DotStmt{Source: local(ir.Input), Key: ir.Operand{Value: ir.StringIndex(0)}, Target: x}
+	cases := []struct {
+		name  string
+		stmts []ir.Stmt
+	}{
+		// { x := input.a }; return x
+		{"nested block", []ir.Stmt{
+			&ir.BlockStmt{Blocks: []*ir.Block{{Stmts: []ir.Stmt{dotA}}}},
+			&ir.AssignVarStmt{Source: local(x), Target: ret},
+		}},
+		// x := 0; for _ in [1, 2] { y := x; x := input.a }; return y:
+		// y holds input.a only from the second round on.
+		{"loop-carried", []ir.Stmt{
+			&ir.MakeNumberIntStmt{Value: 0, Target: x},
+			&ir.MakeArrayStmt{Capacity: 2, Target: arr},
+			&ir.ArrayAppendStmt{Value: local(x), Array: arr},
+			&ir.ArrayAppendStmt{Value: local(x), Array: arr},
+			&ir.ScanStmt{Source: arr, Key: k, Value: v, Block: &ir.Block{Stmts: []ir.Stmt{
+				&ir.AssignVarStmt{Source: local(x), Target: y},
+				dotA,
+			}}},
+			&ir.AssignVarStmt{Source: local(y), Target: ret},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			stmts := append(slices.Clone(tc.stmts), &ir.ReturnLocalStmt{Source: ret})
+			pol := &ir.Policy{
+				Static: &ir.Static{Strings: []*ir.StringConst{{Value: "a"}, {Value: "r"}}},
+				Plans: &ir.Plans{Plans: []*ir.Plan{{Name: "q", Blocks: []*ir.Block{{Stmts: []ir.Stmt{
+					&ir.CallStmt{Func: "g0.rule", Args: []ir.Operand{local(ir.Input), local(ir.Data)}, Result: x},
+					&ir.MakeObjectStmt{Target: res},
+					&ir.ObjectInsertStmt{Key: ir.Operand{Value: ir.StringIndex(1)}, Value: local(x), Object: res},
+					&ir.ResultSetAddStmt{Value: res},
+				}}}}}},
+				Funcs: &ir.Funcs{Funcs: []*ir.Func{{Name: "g0.rule", Params: []ir.Local{ir.Input, ir.Data}, Return: ret,
+					Blocks: []*ir.Block{{Stmts: stmts}}}}},
+			}
+			defer irvm.CacheEveryRule()()
+			p, err := irvm.Load(pol, ast.CapabilitiesForThisVersion())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if key := p.CachedRules()["g0.rule"]; !strings.Contains(key, "input.a ") {
+				t.Fatalf("key %q: want the value at input.a in it", key)
+			}
+			data := ast.NewTerm(ast.NewObject())
+			for _, want := range []string{"1", "2", "1", "3"} {
+				got, err := run(p, ast.MustParseTerm(`{"a": `+want+`}`).Value, data)
+				if err != nil || got == nil || got.String() != want {
+					t.Fatalf("input.a = %s: got %v, %v", want, got, err)
+				}
+			}
+		})
+	}
+}
