@@ -385,8 +385,23 @@ r := {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cachedAsInterpreted(t, p, module, inputs, data)
+	s := p.CacheStats()
+	if s.Rules < 10 || s.Hits == 0 {
+		t.Fatalf("the caches were not exercised: %+v", s)
+	}
+	t.Logf("rule caches: %+v", s)
+	for name, key := range p.CachedRules() {
+		t.Logf("%s: %s", name, key)
+	}
+}
+
+// cachedAsInterpreted evaluates data.t.r of module on every input twice
+// over (the second round starts with full caches) and holds the plan p to
+// OPA's interpreter.
+func cachedAsInterpreted(t *testing.T, p *irvm.Program, module string, inputs []string, data ast.Value) {
+	t.Helper()
 	dataTerm := ast.NewTerm(data)
-	// Twice over: the second round starts with full caches.
 	for round := range 2 {
 		for i, raw := range inputs {
 			input := ast.MustParseTerm(raw).Value
@@ -399,14 +414,6 @@ r := {
 				t.Fatalf("round %d input %d %s:\ninterpreter %v\nplan        %v", round, i, raw, want, got)
 			}
 		}
-	}
-	s := p.CacheStats()
-	if s.Rules < 10 || s.Hits == 0 {
-		t.Fatalf("the caches were not exercised: %+v", s)
-	}
-	t.Logf("rule caches: %+v", s)
-	for name, key := range p.CachedRules() {
-		t.Logf("%s: %s", name, key)
 	}
 }
 
@@ -513,20 +520,7 @@ r := findings`
 		`{"namespace": "b", "pod": {"name": "p7", "containers": [{"name": "m"}], "main": "n"}}`,
 		`{"namespace": "a", "pod": {"name": "p8", "annotations": {"x": "ta"}}}`,
 	}
-	dataTerm := ast.NewTerm(data)
-	for round := range 2 {
-		for i, raw := range inputs {
-			input := ast.MustParseTerm(raw).Value
-			want, werr := interpret(t, module, "data.t.r", input, data)
-			got, gerr := run(p, input, dataTerm)
-			if werr != nil || gerr != nil {
-				t.Fatalf("round %d input %d: interpreter error %v, plan error %v", round, i, werr, gerr)
-			}
-			if (want == nil) != (got == nil) || (want != nil && ast.Compare(want, got) != 0) {
-				t.Fatalf("round %d input %d %s:\ninterpreter %v\nplan        %v", round, i, raw, want, got)
-			}
-		}
-	}
+	cachedAsInterpreted(t, p, module, inputs, data)
 	if s := p.CacheStats(); s.Hits == 0 {
 		t.Fatalf("no lookup was served: %+v", s)
 	}
