@@ -41,6 +41,7 @@ type deps struct {
 type dep struct {
 	path   path
 	exists bool
+	idx    int // in Program.keyPaths, once the dep is part of a cache key
 }
 
 // add records that the value at p matters.
@@ -339,30 +340,69 @@ func planCaches(p *Program) {
 		if d.all || size(fn, map[*function]bool{}) < minCachedSize {
 			continue
 		}
+		for i := range d.paths {
+			d.paths[i].idx = keyPathIndex(p, d.paths[i].path)
+		}
 		fn.cache = &ruleCache{paths: d.paths}
 	}
 }
 
-// key reads the cache key of c from input.
-func (c *ruleCache) key(input *ast.Term, buf []keyPart) ([]keyPart, uint64) {
+// keyPathIndex is the index of q in p.keyPaths, added if new.
+func keyPathIndex(p *Program, q path) int {
+	for i, kp := range p.keyPaths {
+		if equalPath(kp, q) {
+			return i
+		}
+	}
+	p.keyPaths = append(p.keyPaths, q)
+	return len(p.keyPaths) - 1
+}
+
+// key reads the cache key of c from the evaluation's input.
+func (c *ruleCache) key(st *state, buf []keyPart) ([]keyPart, uint64) {
 	var h uint64 = 14695981039346656037
 	for _, p := range c.paths {
-		kp := keyPart{}
-		cur := input
-		for _, k := range p.path {
-			if cur = dot(cur, k); cur == nil {
-				break
-			}
-			kp.depth++
-		}
-		if kp.depth == len(p.path) && !p.exists {
-			kp.value = cur
-			h = (h ^ uint64(cur.Hash())) * 1099511628211
+		r := st.resolve(p.idx)
+		kp := keyPart{depth: r.depth}
+		if r.depth == len(p.path) && !p.exists {
+			kp.value = r.term
+			h = (h ^ r.hash) * 1099511628211
 		}
 		h = (h ^ uint64(kp.depth)) * 1099511628211
 		buf = append(buf, kp)
 	}
 	return buf, h
+}
+
+// resolvedPath is how far one of Program.keyPaths resolves in the
+// evaluation's input: depth keys, to term (when all did), whose hash is hash.
+type resolvedPath struct {
+	depth int
+	term  *ast.Term
+	hash  uint64
+	done  bool
+}
+
+// resolve walks key path i in the evaluation's input the first time a key
+// asks for it; rules that share a path (input.namespace) share the walk.
+func (st *state) resolve(i int) *resolvedPath {
+	r := &st.paths[i]
+	if r.done {
+		return r
+	}
+	q := st.p.keyPaths[i]
+	cur := st.input
+	for _, k := range q {
+		if cur = dot(cur, k); cur == nil {
+			break
+		}
+		r.depth++
+	}
+	if r.depth == len(q) {
+		r.term, r.hash = cur, uint64(cur.Hash())
+	}
+	r.done = true
+	return r
 }
 
 func sameKey(a, b []keyPart) bool {

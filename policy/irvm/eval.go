@@ -72,7 +72,8 @@ type state struct {
 	// objectStep is scanStep as the func ast.Object.Iter takes, made once
 	// per state rather than once per scan.
 	objectStep func(k, v *ast.Term) error
-	keys       []keyPart // cache keys being looked up, last in first out
+	keys       []keyPart      // cache keys being looked up, last in first out
+	paths      []resolvedPath // Program.keyPaths in this evaluation's input
 	top        int
 	high       int // highest top since the state was cleared
 	ticks      int
@@ -82,7 +83,8 @@ func (p *Program) state() *state {
 	if st, ok := p.states.Get().(*state); ok {
 		return st
 	}
-	st := &state{p: p, cache: builtins.Cache{}, memo: make([]*ast.Term, p.nmemo), memoSet: make([]bool, p.nmemo), stack: make([]*ast.Term, 1024)}
+	st := &state{p: p, cache: builtins.Cache{}, memo: make([]*ast.Term, p.nmemo), memoSet: make([]bool, p.nmemo), stack: make([]*ast.Term, 1024),
+		paths: make([]resolvedPath, len(p.keyPaths))}
 	st.outFn = func(t *ast.Term) error {
 		if st.out == nil {
 			st.out = t
@@ -97,6 +99,7 @@ func (p *Program) state() *state {
 func (p *Program) release(st *state) {
 	clear(st.memo)
 	clear(st.memoSet)
+	clear(st.paths)
 	clear(st.stack[:st.high])
 	clear(st.cache)
 	clear(st.args[:cap(st.args)])
@@ -134,7 +137,7 @@ func (st *state) call(fn *function, args []*ast.Term) (*ast.Term, error) {
 	}
 	top := len(st.keys)
 	var h uint64
-	st.keys, h = c.key(st.input, st.keys)
+	st.keys, h = c.key(st, st.keys)
 	key := st.keys[top:len(st.keys):len(st.keys)]
 	if v, ok := c.get(key, h); ok {
 		st.keys = st.keys[:top]
@@ -444,6 +447,7 @@ func (st *state) with(in *instr, L []*ast.Term) (int, error) {
 	memo, memoSet, cached := slices.Clone(st.memo), slices.Clone(st.memoSet), st.cached
 	clear(st.memo)
 	clear(st.memoSet)
+	clear(st.paths)
 	st.cached = false
 	r, err := st.run(in.blocks[0], L)
 	copy(st.memo, memo)

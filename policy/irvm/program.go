@@ -31,11 +31,14 @@ var ErrUnsupported = errors.New("irvm: plan not supported")
 
 // Program is a loaded plan, immutable and safe for concurrent Eval calls.
 type Program struct {
-	plan   *function // the query's plan, run like a function without params
-	funcs  []*function
-	caps   *ast.Capabilities
-	nmemo  int         // functions whose results are memoised per evaluation
-	static []*ast.Term // ir.Static.Strings as string terms
+	plan  *function // the query's plan, run like a function without params
+	funcs []*function
+	caps  *ast.Capabilities
+	nmemo int // functions whose results are memoised per evaluation
+	// keyPaths are the distinct input paths of every rule cache's key;
+	// an evaluation resolves each at most once (state.resolve).
+	keyPaths []path
+	static   []*ast.Term // ir.Static.Strings as string terms
 	// needsTime: a built-in of the plan may read the evaluation's clock.
 	needsTime bool
 	// byPath finds the rules a CallDynamicStmt may call by their path in
