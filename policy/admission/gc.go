@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,9 +36,35 @@ const (
 	MemoryLimitAuto = "auto"
 )
 
-// cgroupMemoryFiles are where a container sees its memory limit: cgroup v2
-// then v1, relative to the cgroup file system's mount point.
-var cgroupMemoryFiles = []string{"memory.max", "memory/memory.limit_in_bytes"}
+// cgroupView is where this process's cgroup is: the cgroup file system's
+// mount point and the content of /proc/self/cgroup (nil when unreadable).
+type cgroupView struct {
+	root string
+	self []byte
+}
+
+// memoryFiles are the files that may hold the process's memory limit, most
+// specific first: its own cgroup's (v2 "0::<path>", v1 "<n>:memory:<path>"
+// in /proc/self/cgroup), then the mount point's, which is the container's
+// own cgroup when it has a cgroup namespace.
+func (c cgroupView) memoryFiles() []string {
+	var v2, v1 []string
+	for _, line := range strings.Split(string(c.self), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
+			continue
+		}
+		switch {
+		case parts[0] == "0" && parts[1] == "":
+			v2 = append(v2, filepath.Join(c.root, parts[2], "memory.max"))
+		case slices.Contains(strings.Split(parts[1], ","), "memory"):
+			v1 = append(v1, filepath.Join(c.root, "memory", parts[2], "memory.limit_in_bytes"))
+		}
+	}
+	v2 = append(v2, filepath.Join(c.root, "memory.max"))
+	v1 = append(v1, filepath.Join(c.root, "memory", "memory.limit_in_bytes"))
+	return append(v2, v1...)
+}
 
 // GCSettings is what ConfigureGC decided; it is logged at start.
 type GCSettings struct {
@@ -50,8 +77,8 @@ type GCSettings struct {
 }
 
 // gcPlan works out the settings without applying them. env is the process
-// environment lookup, cgroupRoot the cgroup file system's mount point.
-func gcPlan(gcPercent int, memoryLimit string, env func(string) (string, bool), cgroupRoot string) (GCSettings, error) {
+// environment lookup, cg where to find the process's cgroup.
+func gcPlan(gcPercent int, memoryLimit string, env func(string) (string, bool), cg cgroupView) (GCSettings, error) {
 	var s GCSettings
 	var sources []string
 	// The Go runtime's own variables win: an operator who sets them has
@@ -68,13 +95,13 @@ func gcPlan(gcPercent int, memoryLimit string, env func(string) (string, bool), 
 		case err != nil:
 			return s, err
 		case auto:
-			cg, err := cgroupMemoryLimit(cgroupRoot)
+			limit, err := cgroupMemoryLimit(cg)
 			if err != nil {
 				return s, fmt.Errorf("--memory-limit auto: %w", err)
 			}
-			if cg > 0 {
-				s.MemoryLimit = shareOf(cg)
-				sources = append(sources, fmt.Sprintf("memory limit %.0f%% of the cgroup's %d bytes", MemoryLimitShare*100, cg))
+			if limit > 0 {
+				s.MemoryLimit = shareOf(limit)
+				sources = append(sources, fmt.Sprintf("memory limit %.0f%% of the cgroup's %d bytes", MemoryLimitShare*100, limit))
 			} else {
 				sources = append(sources, "no memory limit (the cgroup has none)")
 			}
@@ -128,7 +155,8 @@ func parseMemoryLimit(v string) (limit int64, auto bool, err error) {
 // the constants above) and returns them. It changes process-wide runtime
 // settings: call it once, from main.
 func ConfigureGC(gcPercent int, memoryLimit string) (GCSettings, error) {
-	s, err := gcPlan(gcPercent, memoryLimit, os.LookupEnv, "/sys/fs/cgroup")
+	self, _ := os.ReadFile("/proc/self/cgroup")
+	s, err := gcPlan(gcPercent, memoryLimit, os.LookupEnv, cgroupView{root: "/sys/fs/cgroup", self: self})
 	if err != nil {
 		return s, err
 	}
@@ -146,9 +174,9 @@ func applyGC(s GCSettings) {
 // cgroupMemoryLimit is the memory limit of this process's cgroup in bytes,
 // 0 when it has none (v2 "max", v1's page-rounded maximum) or when no
 // cgroup memory controller is mounted.
-func cgroupMemoryLimit(root string) (int64, error) {
-	for _, name := range cgroupMemoryFiles {
-		raw, err := os.ReadFile(filepath.Join(root, name))
+func cgroupMemoryLimit(cg cgroupView) (int64, error) {
+	for _, name := range cg.memoryFiles() {
+		raw, err := os.ReadFile(name)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
@@ -161,7 +189,7 @@ func cgroupMemoryLimit(root string) (int64, error) {
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n <= 0 {
-			return 0, fmt.Errorf("%s: %q is not a memory limit", filepath.Join(root, name), v)
+			return 0, fmt.Errorf("%s: %q is not a memory limit", name, v)
 		}
 		// cgroup v1 reports "no limit" as the largest page-aligned int64.
 		if n >= math.MaxInt64/2 {

@@ -1,9 +1,13 @@
 package admission
 
 import (
+	"encoding/json"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -29,6 +33,7 @@ func TestGCPlan(t *testing.T) {
 	tests := []struct {
 		name          string
 		file, content string
+		self          string // /proc/self/cgroup
 		gcPercent     int
 		memoryLimit   string
 		env           func(string) (string, bool)
@@ -45,6 +50,12 @@ func TestGCPlan(t *testing.T) {
 			wantPercent: 100, wantLimit: 0, wantSource: "no memory limit (the cgroup has none)"},
 		{name: "cgroup v1 unlimited", file: "memory/memory.limit_in_bytes", content: "9223372036854771712\n", gcPercent: 400, memoryLimit: "auto",
 			wantPercent: 100, wantLimit: 0},
+		{name: "cgroup v2, own cgroup without a namespace", file: "kubepods.slice/pod1/ctr/memory.max", content: "268435456\n",
+			self: "0::/kubepods.slice/pod1/ctr\n", gcPercent: 400, memoryLimit: "auto", wantPercent: 400, wantLimit: 241591910},
+		{name: "cgroup v1, own cgroup without a namespace", file: "memory/kubepods/pod1/ctr/memory.limit_in_bytes", content: "268435456\n",
+			self: "12:pids:/kubepods/pod1/ctr\n5:cpu,memory:/kubepods/pod1/ctr\n0::/\n", gcPercent: 400, memoryLimit: "auto", wantPercent: 400, wantLimit: 241591910},
+		{name: "own cgroup listed but not visible: the mount point's", file: "memory.max", content: "536870912\n",
+			self: "0::/elsewhere\n", gcPercent: 400, memoryLimit: "auto", wantPercent: 400, wantLimit: 483183820},
 		{name: "no cgroup controller", gcPercent: 400, memoryLimit: "auto", wantPercent: 100, wantLimit: 0},
 		{name: "explicit limit", gcPercent: 400, memoryLimit: "460Mi", wantPercent: 400, wantLimit: 460 << 20,
 			wantSource: "memory limit from --memory-limit"},
@@ -64,7 +75,7 @@ func TestGCPlan(t *testing.T) {
 			if env == nil {
 				env = noEnv
 			}
-			s, err := gcPlan(tt.gcPercent, tt.memoryLimit, env, cgroup(t, tt.file, tt.content))
+			s, err := gcPlan(tt.gcPercent, tt.memoryLimit, env, cgroupView{root: cgroup(t, tt.file, tt.content), self: []byte(tt.self)})
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
@@ -118,4 +129,66 @@ func TestParseFlagsGC(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConfigureGCInAMemoryCgroup runs the webhook's collector setup in a
+// real memory cgroup of this kernel (v2 or v1) with a 256 MiB limit: it
+// must find the limit through /proc/self/cgroup and give the runtime 90%.
+func TestConfigureGCInAMemoryCgroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a memory cgroup")
+	}
+	const limit = 256 << 20
+	var dir, file string
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		ctl, _ := os.ReadFile("/sys/fs/cgroup/cgroup.subtree_control")
+		if !strings.Contains(string(ctl), "memory") {
+			t.Skip("cgroup v2 without the memory controller enabled below the root")
+		}
+		dir, file = filepath.Join("/sys/fs/cgroup", "bulkhead-gc-test"), "memory.max"
+	} else if _, err := os.Stat("/sys/fs/cgroup/memory"); err == nil {
+		dir, file = filepath.Join("/sys/fs/cgroup/memory", "bulkhead-gc-test"), "memory.limit_in_bytes"
+	} else {
+		t.Skip("no cgroup memory controller mounted at /sys/fs/cgroup")
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		t.Skip("cannot create a memory cgroup: ", err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(strconv.Itoa(limit)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The helper moves itself into the cgroup, then becomes this test
+	// binary running only TestHelperConfigureGC.
+	cmd := exec.Command("sh", "-c", `echo $$ > "$1/cgroup.procs" && exec "$2" -test.run='^TestHelperConfigureGC$' -test.v`,
+		"sh", dir, os.Args[0])
+	cmd.Env = []string{"BULKHEAD_GC_HELPER=1", "PATH=" + os.Getenv("PATH")}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	var got GCSettings
+	for _, line := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(line, "gc-settings: "); ok {
+			if err := json.Unmarshal([]byte(rest), &got); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got.MemoryLimit != shareOf(limit) || got.GCPercent != DefaultGCPercent {
+		t.Fatalf("in a cgroup limited to %d bytes: %+v, want memory limit %d and GC percent %d\n%s",
+			limit, got, shareOf(limit), DefaultGCPercent, out)
+	}
+}
+
+func TestHelperConfigureGC(t *testing.T) {
+	if os.Getenv("BULKHEAD_GC_HELPER") == "" {
+		t.Skip("helper process for TestConfigureGCInAMemoryCgroup")
+	}
+	s, err := ConfigureGC(DefaultGCPercent, MemoryLimitAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(s)
+	fmt.Printf("gc-settings: %s\n", raw)
 }
