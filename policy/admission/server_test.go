@@ -65,6 +65,11 @@ func newTestCA(t testing.TB) *testCA {
 
 // issue writes a serving certificate with the given serial to dir as
 // tls.crt and tls.key, replacing old files by rename as a Secret volume does.
+// pem is the CA's certificate, PEM-encoded.
+func (ca *testCA) pem() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+}
+
 func (ca *testCA) issue(t testing.TB, dir string, serial int64) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
