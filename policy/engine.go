@@ -339,12 +339,13 @@ func (s *snapshot) evaluate(ctx context.Context, in *Input) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, &evalError{RuleError, err}
 	}
+	input := in.astValue()
 	var v ast.Value
 	var err error
 	if s.program != nil {
-		v, err = s.evalPlan(ctx, in.astValue())
+		v, err = s.evalPlan(ctx, input)
 	} else {
-		v, err = s.evalTopdown(ctx, in.astValue())
+		v, err = s.evalTopdown(ctx, input)
 	}
 	if err != nil {
 		return Decision{}, &evalError{RuleError, err}

@@ -76,7 +76,7 @@ type GCSettings struct {
 	Source string
 }
 
-// gcPlan works out the settings without applying them. env is the process
+// gcPlan works out the settings without changing them. env is the process
 // environment lookup, cg where to find the process's cgroup.
 func gcPlan(gcPercent int, memoryLimit string, env func(string) (string, bool), cg cgroupView) (GCSettings, error) {
 	var s GCSettings
@@ -114,8 +114,7 @@ func gcPlan(gcPercent int, memoryLimit string, env func(string) (string, bool), 
 	}
 	switch v, ok := env("GOGC"); {
 	case ok && v != "":
-		s.GCPercent = debug.SetGCPercent(100)
-		debug.SetGCPercent(s.GCPercent)
+		s.GCPercent = gogcPercent(v)
 		sources = append(sources, "GC percent from GOGC")
 	case gcPercent <= 0:
 		return s, fmt.Errorf("--gc-percent %d: must be positive", gcPercent)
@@ -130,6 +129,18 @@ func gcPlan(gcPercent int, memoryLimit string, env func(string) (string, bool), 
 	}
 	s.Source = strings.Join(sources, "; ")
 	return s, nil
+}
+
+// gogcPercent is the GC percent the Go runtime takes from GOGC: "off" is
+// -1, anything else not a number is Go's default.
+func gogcPercent(v string) int {
+	if v == "off" {
+		return -1
+	}
+	if n, err := strconv.Atoi(v); err == nil {
+		return n
+	}
+	return 100
 }
 
 // shareOf is the soft limit for a container limit of limit bytes.
