@@ -9,6 +9,7 @@ const ContractVersion = "v1"
 // Input kinds.
 const (
 	KindSandbox   = "sandbox"   // a node is about to start a pod sandbox
+	KindContainer = "container" // a node is about to create a container in a sandbox it admitted
 	KindAdmission = "admission" // the API server is admitting a pod or pod template
 )
 
@@ -42,11 +43,46 @@ type Pod struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	// RuntimeHandler is the CRI runtime handler (RuntimeClass handler); empty
 	// when the pod names no RuntimeClass.
-	RuntimeHandler string      `json:"runtime_handler"`
-	HostNetwork    bool        `json:"host_network,omitempty"`
-	HostPID        bool        `json:"host_pid,omitempty"`
-	HostIPC        bool        `json:"host_ipc,omitempty"`
-	Containers     []Container `json:"containers,omitempty"`
+	RuntimeHandler string `json:"runtime_handler"`
+	// HostNetwork, HostPID and HostIPC are the host namespaces the pod
+	// shares. On a node they come from the OCI spec: a namespace the spec
+	// does not list is the host's (a sandbox without a network namespace is
+	// host network, whatever the pod spec said).
+	HostNetwork bool `json:"host_network,omitempty"`
+	HostPID     bool `json:"host_pid,omitempty"`
+	HostIPC     bool `json:"host_ipc,omitempty"`
+	// Volumes are every volume the pod declares, mounted or not
+	// (admission only: a node sees mounts, not volumes).
+	Volumes []Volume `json:"volumes,omitempty"`
+	// Sysctls are the kernel parameters the pod sets.
+	Sysctls map[string]string `json:"sysctls,omitempty"`
+	// Containers are the pod's init, app and ephemeral containers at
+	// admission; on a node, the container being created (kind container)
+	// or, at sandbox create, the sandbox container when it asks the host
+	// for anything.
+	Containers []Container `json:"containers,omitempty"`
+}
+
+// Volume is one volume a pod declares.
+type Volume struct {
+	Name string `json:"name"`
+	// Type is the volume source's field name as Kubernetes spells it:
+	// "hostPath", "emptyDir", "secret", "configMap", "persistentVolumeClaim", ...
+	Type string `json:"type"`
+	// HostPath is the cleaned host path of a hostPath volume; empty otherwise.
+	HostPath string `json:"host_path,omitempty"`
+}
+
+// Mount is a host path bound into a container. A pod's own files (its
+// volumes, service account token, /etc/hosts, resolv.conf, /dev/shm) are
+// not host paths and never appear here.
+type Mount struct {
+	// HostPath is the host path that will be mounted, cleaned and with any
+	// subPath resolved, as the kubelet would.
+	HostPath string `json:"host_path"`
+	// Path is where the container sees it.
+	Path     string `json:"path,omitempty"`
+	ReadOnly bool   `json:"read_only,omitempty"`
 }
 
 // Container is one container of a pod.
@@ -54,8 +90,24 @@ type Container struct {
 	Name       string `json:"name"`
 	Image      string `json:"image,omitempty"`
 	Privileged bool   `json:"privileged,omitempty"`
-	// Devices are host device paths the container asks for.
+	// Ephemeral marks an ephemeral (debug) container.
+	Ephemeral bool `json:"ephemeral,omitempty"`
+	// Devices are host device paths the container asks for, cleaned.
 	Devices []string `json:"devices,omitempty"`
+	// Mounts are the host paths bound into the container.
+	Mounts []Mount `json:"mounts,omitempty"`
+	// AddedCapabilities are capabilities beyond the runtime's default set,
+	// upper case without the CAP_ prefix ("SYS_ADMIN"). At admission they
+	// are the pod spec's capabilities.add.
+	AddedCapabilities []string `json:"added_capabilities,omitempty"`
+	// HostPorts are the host ports the container binds (admission only: a
+	// node's port mappings never reach the runtime).
+	HostPorts []int32 `json:"host_ports,omitempty"`
+	// SeccompProfile and AppArmorProfile are the profile types the pod
+	// spec names for the container, as Kubernetes spells them
+	// ("Unconfined", "RuntimeDefault", "Localhost"); empty when unset.
+	SeccompProfile  string `json:"seccomp_profile,omitempty"`
+	AppArmorProfile string `json:"apparmor_profile,omitempty"`
 	// MemoryBytes is the container's memory limit; 0 when unset.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	// Env is the container's environment. Rules may look at names and

@@ -114,7 +114,11 @@ func TestAstInputMatchesJSON(t *testing.T) {
 	full.Pod.Annotations = map[string]string{"a": "1", "b/c": "2"}
 	full.Pod.Labels = map[string]string{"app": "x"}
 	full.Pod.HostIPC, full.Pod.HostPID, full.Pod.HostNetwork = true, true, true
-	full.Pod.Containers = append(full.Pod.Containers, Container{Name: "side", Privileged: true, Devices: []string{"/dev/kvm"}, Env: map[string]string{"K": "v"}, MemoryBytes: 5 << 40})
+	full.Pod.Containers = append(full.Pod.Containers, Container{Name: "side", Privileged: true, Devices: []string{"/dev/kvm"}, Env: map[string]string{"K": "v"}, MemoryBytes: 5 << 40},
+		Container{Name: "debug", Ephemeral: true, Mounts: []Mount{{HostPath: "/", Path: "/host", ReadOnly: true}, {HostPath: "/var/log"}},
+			AddedCapabilities: []string{"SYS_ADMIN", "NET_RAW"}, HostPorts: []int32{80, 443}, SeccompProfile: "Unconfined", AppArmorProfile: "Unconfined"})
+	full.Pod.Volumes = []Volume{{Name: "root", Type: "hostPath", HostPath: "/"}, {Name: "scratch", Type: "emptyDir"}}
+	full.Pod.Sysctls = map[string]string{"net.core.somaxconn": "1024"}
 	full.Request.RDMA = true
 	full.Node.GPUs[0].Tenants = []string{"x"}
 	cases := map[string]Input{"zero": {}, "agent": agentPod(), "full": full}

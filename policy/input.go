@@ -46,6 +46,22 @@ func (p *Pod) astValue() ast.Value {
 	insertTrue(o, "host_network", p.HostNetwork)
 	insertTrue(o, "host_pid", p.HostPID)
 	insertTrue(o, "host_ipc", p.HostIPC)
+	if len(p.Volumes) > 0 {
+		vs := make([]*ast.Term, len(p.Volumes))
+		for i, v := range p.Volumes {
+			vo := ast.NewObjectWithCapacity(3)
+			vo.Insert(key("name"), common(v.Name))
+			vo.Insert(key("type"), common(v.Type))
+			if v.HostPath != "" {
+				vo.Insert(key("host_path"), common(v.HostPath))
+			}
+			vs[i] = ast.NewTerm(vo)
+		}
+		o.Insert(key("volumes"), ast.ArrayTerm(vs...))
+	}
+	if len(p.Sysctls) > 0 {
+		o.Insert(key("sysctls"), stringMapTerm(p.Sysctls))
+	}
 	if len(p.Containers) > 0 {
 		o.Insert(key("containers"), containersTerm(p.Containers))
 	}
@@ -79,12 +95,15 @@ func containersTerm(cs []Container) *ast.Term {
 }
 
 func (c Container) equal(o Container) bool {
-	return c.Name == o.Name && c.Image == o.Image && c.Privileged == o.Privileged &&
-		c.MemoryBytes == o.MemoryBytes && slices.Equal(c.Devices, o.Devices) && maps.Equal(c.Env, o.Env)
+	return c.Name == o.Name && c.Image == o.Image && c.Privileged == o.Privileged && c.Ephemeral == o.Ephemeral &&
+		c.MemoryBytes == o.MemoryBytes && slices.Equal(c.Devices, o.Devices) && maps.Equal(c.Env, o.Env) &&
+		slices.Equal(c.Mounts, o.Mounts) && slices.Equal(c.AddedCapabilities, o.AddedCapabilities) &&
+		slices.Equal(c.HostPorts, o.HostPorts) && c.SeccompProfile == o.SeccompProfile && c.AppArmorProfile == o.AppArmorProfile
 }
 
 func (c Container) clone() Container {
 	c.Devices, c.Env = slices.Clone(c.Devices), maps.Clone(c.Env)
+	c.Mounts, c.AddedCapabilities, c.HostPorts = slices.Clone(c.Mounts), slices.Clone(c.AddedCapabilities), slices.Clone(c.HostPorts)
 	return c
 }
 
@@ -95,8 +114,38 @@ func (c *Container) astValue() ast.Value {
 		o.Insert(key("image"), common(c.Image))
 	}
 	insertTrue(o, "privileged", c.Privileged)
+	insertTrue(o, "ephemeral", c.Ephemeral)
 	if len(c.Devices) > 0 {
 		o.Insert(key("devices"), commonStrings(c.Devices))
+	}
+	if len(c.Mounts) > 0 {
+		ms := make([]*ast.Term, len(c.Mounts))
+		for i, m := range c.Mounts {
+			mo := ast.NewObjectWithCapacity(3)
+			mo.Insert(key("host_path"), common(m.HostPath))
+			if m.Path != "" {
+				mo.Insert(key("path"), common(m.Path))
+			}
+			insertTrue(mo, "read_only", m.ReadOnly)
+			ms[i] = ast.NewTerm(mo)
+		}
+		o.Insert(key("mounts"), ast.ArrayTerm(ms...))
+	}
+	if len(c.AddedCapabilities) > 0 {
+		o.Insert(key("added_capabilities"), commonStrings(c.AddedCapabilities))
+	}
+	if len(c.HostPorts) > 0 {
+		ps := make([]*ast.Term, len(c.HostPorts))
+		for i, p := range c.HostPorts {
+			ps[i] = intTerm(int64(p))
+		}
+		o.Insert(key("host_ports"), ast.ArrayTerm(ps...))
+	}
+	if c.SeccompProfile != "" {
+		o.Insert(key("seccomp_profile"), common(c.SeccompProfile))
+	}
+	if c.AppArmorProfile != "" {
+		o.Insert(key("apparmor_profile"), common(c.AppArmorProfile))
 	}
 	if c.MemoryBytes != 0 {
 		o.Insert(key("memory_bytes"), intTerm(c.MemoryBytes))
@@ -207,6 +256,8 @@ var keyTerms = func() map[string]*ast.Term {
 		"sandboxes", "gpu_slices", "memory_bytes", "name", "uid", "annotations", "labels",
 		"runtime_handler", "host_network", "host_pid", "host_ipc", "containers",
 		"image", "privileged", "devices", "env", "gpu", "profile", "count", "rdma",
+		"volumes", "type", "host_path", "path", "read_only", "sysctls", "ephemeral", "mounts",
+		"added_capabilities", "host_ports", "seccomp_profile", "apparmor_profile",
 		"gpus", "index", "model", "mig_enabled", "free_slices", "tenants",
 		// and those of the decision, read back by decodeDecision
 		"allow", "reasons", "tier", "runtime", "warnings", "rule", "message", "enforcement",

@@ -21,7 +21,7 @@ func randomInput(r *rand.Rand) Input {
 	pick := func(xs ...string) string { return xs[r.IntN(len(xs))] }
 	in := Input{
 		Version:   pick(ContractVersion, ContractVersion, ContractVersion, "v0"),
-		Kind:      pick(KindSandbox, KindSandbox, KindAdmission, KindAdmission, "", "bogus"),
+		Kind:      pick(KindSandbox, KindSandbox, KindAdmission, KindAdmission, KindContainer, "", "bogus"),
 		Namespace: pick("agents", "research", "platform", "kube-system", "default", ""),
 		Pod: Pod{
 			Name:           pick("p", "agent-7", ""),
@@ -53,7 +53,33 @@ func randomInput(r *rand.Rand) Input {
 		if r.IntN(3) == 0 {
 			c.Env = map[string]string{"TOKEN": "secret", "MODE": pick("a", "b")}
 		}
+		for range r.IntN(3) {
+			c.Mounts = append(c.Mounts, Mount{
+				HostPath: pick("/", "/var/lib/kubelet/pods", "/etc/bulkhead", "/dev/infiniband", "/data/models", "/var/log", "/dev"),
+				Path:     pick("/host", "/data", ""),
+				ReadOnly: r.IntN(2) == 0,
+			})
+		}
+		for range r.IntN(3) {
+			c.AddedCapabilities = append(c.AddedCapabilities, pick("SYS_ADMIN", "NET_ADMIN", "NET_RAW", "CHOWN", "NET_BIND_SERVICE", "ALL"))
+		}
+		if r.IntN(5) == 0 {
+			c.HostPorts = []int32{int32(80 + r.IntN(3))}
+		}
+		c.Ephemeral = r.IntN(6) == 0
+		c.SeccompProfile = pick("", "", "RuntimeDefault", "Unconfined")
+		c.AppArmorProfile = pick("", "", "RuntimeDefault", "Unconfined")
 		in.Pod.Containers = append(in.Pod.Containers, c)
+	}
+	for i := range r.IntN(3) {
+		v := Volume{Name: fmt.Sprintf("v%d", i), Type: pick("hostPath", "emptyDir", "secret")}
+		if v.Type == "hostPath" {
+			v.HostPath = pick("/", "/var/lib/bulkhead", "/dev/kvm", "/data/models")
+		}
+		in.Pod.Volumes = append(in.Pod.Volumes, v)
+	}
+	if r.IntN(4) == 0 {
+		in.Pod.Sysctls = map[string]string{pick("net.ipv4.ip_unprivileged_port_start", "kernel.msgmax", "net.core.somaxconn"): "1"}
 	}
 	if r.IntN(3) > 0 {
 		in.Request.GPU = &GPURequest{
