@@ -2,7 +2,10 @@
 # description: Refuses inputs this bundle was not written for (docs/policy.md, contract v1).
 package bulkhead.contract
 
-kinds := {"sandbox", "admission"}
+# kinds are the decisions a bundle is asked for: a node starting a pod
+# sandbox, a node creating one container in a sandbox it already admitted,
+# and the API server admitting a pod.
+kinds := {"sandbox", "container", "admission"}
 
 # version and kind are read as references, not object.get(input, ...), so
 # that the compiled plan sees these rules depend on two fields of input
@@ -15,6 +18,11 @@ default kind := ""
 
 kind := input.kind
 
+# per_container holds for a container created in a sandbox already admitted:
+# input.request is empty and input.usage zero, because quota and GPU were
+# settled when the sandbox was created. Rules that charge resources skip it.
+per_container if kind == "container"
+
 findings contains {
 	"rule": "input.version_unsupported",
 	"message": sprintf("input.version is %q; this bundle understands contract \"v1\"", [version]),
@@ -24,7 +32,7 @@ findings contains {
 
 findings contains {
 	"rule": "input.kind_invalid",
-	"message": sprintf("input.kind is %q; want \"sandbox\" or \"admission\"", [kind]),
+	"message": sprintf("input.kind is %q; want \"sandbox\", \"container\" or \"admission\"", [kind]),
 } if {
 	not kind in kinds
 }

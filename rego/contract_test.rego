@@ -3,9 +3,16 @@ package bulkhead.contract_test
 import data.bulkhead.contract
 import data.bulkhead.fixtures_test as fx
 
-test_v1_sandbox_and_admission_accepted if {
+test_v1_sandbox_container_and_admission_accepted if {
 	count(contract.findings) == 0 with input as fx.agent
 	count(contract.findings) == 0 with input as object.union(fx.agent, {"kind": "admission"})
+	count(contract.findings) == 0 with input as fx.per_container(fx.agent)
+}
+
+test_only_kind_container_is_per_container if {
+	contract.per_container with input as fx.per_container(fx.agent)
+	not contract.per_container with input as fx.agent
+	not contract.per_container with input as object.union(fx.agent, {"kind": "admission"})
 }
 
 test_wrong_version_refused if {
@@ -26,5 +33,5 @@ test_unknown_kind_refused if {
 test_missing_kind_refused if {
 	some f in contract.findings with input as object.remove(fx.agent, ["kind"])
 	f.rule == "input.kind_invalid"
-	f.message == `input.kind is ""; want "sandbox" or "admission"`
+	f.message == `input.kind is ""; want "sandbox", "container" or "admission"`
 }

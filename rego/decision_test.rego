@@ -68,3 +68,59 @@ test_reasons_sorted_by_rule if {
 	ids == sort(ids)
 	count(ids) == 2
 }
+
+# The pod the security review found admitted for an untrusted tenant is
+# refused, every finding naming its rule; a trusted tenant may run it but
+# for the raw RDMA device and the unclean host path.
+review_pod(doc) := object.union(doc, {"pod": {
+	"volumes": [
+		{"name": "root", "type": "hostPath", "host_path": "/"},
+		{"name": "verbs", "type": "hostPath", "host_path": "//dev/infiniband/uverbs0"},
+	],
+	"containers": [
+		{
+			"name": "main",
+			"image": "registry.local/app@sha256:00",
+			"mounts": [
+				{"host_path": "/var/lib/kubelet/pods", "path": "/pods"},
+				{"host_path": "/dev/infiniband", "path": "/ib"},
+			],
+			"added_capabilities": ["SYS_ADMIN", "NET_ADMIN", "NET_RAW"],
+		},
+		{"name": "debug", "image": "registry.local/debug@sha256:11", "ephemeral": true, "privileged": true},
+	],
+}})
+
+test_review_pod_refused_for_untrusted if {
+	d := bulkhead.decision with input as review_pod(fx.agent) with data.bulkhead.tenants as fx.tenants
+	not d.allow
+	fx.rules(d) == {"workload.host_path", "workload.capability", "workload.privileged", "rdma.device_forbidden"}
+	every r in d.reasons {
+		r.enforcement == "deny"
+	}
+}
+
+test_review_pod_in_trusted_tier if {
+	doc := review_pod(object.union(fx.platform, {"pod": {"runtime_handler": "runc"}}))
+	d := bulkhead.decision with input as doc with data.bulkhead.tenants as fx.tenants
+	not d.allow
+	fx.rules(d) == {"workload.host_path", "rdma.device_forbidden", "runtime.runc_used"}
+	clean := json.patch(doc, [
+		{"op": "remove", "path": "/pod/volumes/1"},
+		{"op": "remove", "path": "/pod/containers/0/mounts/1"},
+	])
+	c := bulkhead.decision with input as clean with data.bulkhead.tenants as fx.tenants
+	c.allow
+	fx.rules(c) == {"runtime.runc_used"}
+}
+
+# The node's check of one container in a sandbox it admitted: no request, no
+# usage, and no quota warning for the memory limit it does not carry.
+test_container_kind_decision if {
+	d := bulkhead.decision with input as fx.per_container(fx.agent) with data.bulkhead.tenants as fx.tenants
+	d.allow
+	d.reasons == []
+	p := bulkhead.decision with input as fx.per_container(fx.container(fx.agent, {"privileged": true})) with data.bulkhead.tenants as fx.tenants
+	not p.allow
+	fx.rules(p) == {"workload.privileged"}
+}

@@ -44,5 +44,22 @@ platform := pod("platform", "runc")
 
 with_gpu(doc, profile, n) := object.union(doc, {"request": {"gpu": {"profile": profile, "count": n}}})
 
+# per_container(doc) is doc as a node's check of one container in a sandbox
+# it already admitted: kind container, an empty request and zero usage.
+per_container(doc) := json.patch(doc, [
+	{"op": "replace", "path": "/kind", "value": "container"},
+	{"op": "add", "path": "/request", "value": {}},
+	{"op": "add", "path": "/usage", "value": {"sandboxes": 0, "gpu_slices": 0, "memory_bytes": 0}},
+])
+
+# container(doc, fields) merges fields into doc's first container.
+container(doc, fields) := json.patch(doc, [{"op": "replace", "path": "/pod/containers/0", "value": object.union(doc.pod.containers[0], fields)}])
+
+# mount(doc, host_path, read_only) binds host_path into doc's first container.
+mount(doc, host_path, read_only) := container(doc, {"mounts": [{"host_path": host_path, "path": "/host", "read_only": read_only}]})
+
+# volume(doc, name, host_path) declares a hostPath volume, mounted nowhere.
+volume(doc, name, host_path) := object.union(doc, {"pod": {"volumes": [{"name": name, "type": "hostPath", "host_path": host_path}]}})
+
 # rules(d) is the set of rule ids of decision d.
 rules(d) := {r.rule | some r in d.reasons}

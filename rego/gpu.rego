@@ -6,14 +6,20 @@
 #   sandbox cannot use a slice (mig_in_sandbox).
 package bulkhead.gpu
 
+import data.bulkhead.contract
 import data.bulkhead.identity
 
 settings := identity.settings.gpu
 
 whole_slices := 7
 
-# request is input.request.gpu when the pod asks for a GPU.
-request := input.request.gpu if is_object(input.request.gpu)
+# request is input.request.gpu when the pod asks for a GPU. GPUs are settled
+# when the sandbox is created: a container created in it (kind container)
+# asks for none, whatever its input says.
+request := input.request.gpu if {
+	not contract.per_container
+	is_object(input.request.gpu)
+}
 
 profile := object.get(request, "profile", "")
 

@@ -114,3 +114,14 @@ test_profiles_up_to_matches_catalogue if {
 test_missing_usage_counts_zero if {
 	gpu.used_slices == 0 with input as object.remove(fx.agent, ["usage"])
 }
+
+# GPUs are settled when the sandbox is created: the node's check of one
+# container in it (kind container) charges none, whatever its input says.
+test_container_kind_asks_for_no_gpu if {
+	charged := object.union(fx.with_gpu(fx.agent, "3g.71gb", 1), {"usage": {"gpu_slices": 5}})
+	rules(charged) == {"gpu.max_slices"}
+	per_container := object.union(charged, {"kind": "container"})
+	rules(per_container) == set()
+	gpu.requested_slices == 0 with input as per_container
+	rules(object.union(fx.with_gpu(fx.agent, "whole", 0), {"kind": "container"})) == set()
+}

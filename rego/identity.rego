@@ -14,6 +14,23 @@ lockdown := {
 	"allow_privileged": false,
 	"allow_host_namespaces": false,
 	"allowed_devices": [],
+	"allowed_host_paths": [],
+	"host_paths_writable": false,
+	# Kubernetes Pod Security "baseline": the capabilities a pod may add there.
+	"allowed_capabilities": [
+		"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+		"NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+	],
+	"allow_host_ports": false,
+	# Kubernetes' safe sysctls (namespaced, isolated from the host and other pods).
+	"allowed_sysctls": [
+		"kernel.shm_rmid_forced",
+		"net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+		"net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+		"net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout",
+		"net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes",
+	],
+	"allow_unconfined": false,
 	"require_pinned_images": true,
 	"gpu": {
 		"max_profile_slices": 0,

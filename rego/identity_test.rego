@@ -35,6 +35,30 @@ test_sparse_tier_falls_back_to_lockdown if {
 	s.runtimes == ["gvisor", "runc"]
 	s.rdma == "deny"
 	s.gpu.max_profile_slices == 0
+	s.allowed_host_paths == []
+	s.host_paths_writable == false
+	s.allow_host_ports == false
+	s.allow_unconfined == false
+	s.allowed_capabilities == identity.lockdown.allowed_capabilities
+	s.allowed_sysctls == identity.lockdown.allowed_sysctls
+}
+
+# The shipped untrusted and standard tiers are exactly as strict as lockdown
+# on host access; trusted opens it.
+test_default_tiers_host_access if {
+	fields := ["allowed_host_paths", "host_paths_writable", "allowed_capabilities", "allow_host_ports", "allowed_sysctls", "allow_unconfined"]
+	every tier in ["untrusted", "standard"] {
+		every field in fields {
+			data.bulkhead.tiers[tier][field] == identity.lockdown[field]
+		}
+	}
+	t := data.bulkhead.tiers.trusted
+	t.allowed_host_paths == ["/"]
+	t.host_paths_writable == true
+	t.allowed_capabilities == ["ALL"]
+	t.allow_host_ports == true
+	t.allowed_sysctls == ["*"]
+	t.allow_unconfined == true
 }
 
 test_annotation_claiming_other_tenant_refused if {

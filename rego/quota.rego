@@ -1,13 +1,17 @@
 # METADATA
 # description: |
 #   Tenant quotas from data.bulkhead.tenants[t].quota: a pod is refused when
-#   the tenant's usage plus this pod would exceed a limit.
+#   the tenant's usage plus this pod would exceed a limit. A pod is charged
+#   once, when its sandbox is created (or admitted): a container created in a
+#   sandbox already admitted (kind container) charges nothing.
 package bulkhead.quota
 
+import data.bulkhead.contract
 import data.bulkhead.gpu
 import data.bulkhead.identity
 
-quota := identity.config.quota
+# quota is undefined for kind container, so that no quota rule fires.
+quota := identity.config.quota if not contract.per_container
 
 # usage is the tenant's consumption; a missing field counts as zero.
 usage := object.union({"sandboxes": 0, "gpu_slices": 0, "memory_bytes": 0}, reported_usage)

@@ -63,3 +63,19 @@ test_missing_usage_and_memory_count_zero if {
 	quota.usage == {"sandboxes": 0, "gpu_slices": 0, "memory_bytes": 0} with input as doc
 	quota.requested_memory == 0 with input as doc
 }
+
+# A container created in a sandbox already admitted charges nothing: no quota
+# rule fires for kind container, even where the same sandbox input would.
+test_container_kind_charges_no_quota if {
+	full := object.union(fx.agent, {"usage": {"sandboxes": 3, "gpu_slices": 4, "memory_bytes": 8 * 1073741824}})
+	rules(full) == {"quota.sandboxes", "quota.memory"}
+	rules(fx.per_container(full)) == set()
+	rules(fx.per_container(fx.agent)) == set()
+
+	# Even an input that (wrongly) carries a request and usage.
+	charged := object.union(full, {"kind": "container", "request": {"memory_bytes": 0, "gpu": {"profile": "1g.18gb", "count": 1}}})
+	rules(charged) == set()
+	invalid := json.patch(fx.tenants, [{"op": "replace", "path": "/agents/quota/memory", "value": "lots"}])
+	rs := {f.rule | some f in quota.findings} with input as fx.per_container(fx.agent) with data.bulkhead.tenants as invalid
+	rs == set()
+}

@@ -22,11 +22,23 @@ findings contains {
 	identity.settings.rdma != "own-vf"
 }
 
+# A raw RDMA device (workload.rdma_device: /dev/infiniband or under it) is
+# refused in every tier, whether asked for as a device or bound in as a host
+# path: RDMA bypasses the fence, so it comes only as the tenant's own VF.
 findings contains {
 	"rule": "rdma.device_forbidden",
-	"message": sprintf("container %q asks for %s directly; RDMA devices come only through bulkhead.dev/rdma as the tenant's own VF", [c.name, path]),
+	"message": sprintf("%s asks for %s directly; RDMA devices come only through bulkhead.dev/rdma as the tenant's own VF", [workload.label(c), path]),
 } if {
 	some c in workload.containers
 	some path in object.get(c, "devices", [])
-	startswith(path, "/dev/infiniband/")
+	workload.rdma_device(path)
+}
+
+findings contains {
+	"rule": "rdma.device_forbidden",
+	"message": sprintf("%s mounts host path %s; RDMA devices come only through bulkhead.dev/rdma as the tenant's own VF", [workload.label(c), m.host_path]),
+} if {
+	some c in workload.containers
+	some m in object.get(c, "mounts", [])
+	workload.rdma_device(m.host_path)
 }
