@@ -38,6 +38,15 @@ type Config struct {
 	// LedgerPath is the node ledger database (quota, MIG and eBPF
 	// reservations) shared by every shim on the node.
 	LedgerPath string `toml:"ledger_path"`
+	// KubeletRoot is the kubelet's root directory (--root-dir). A bind
+	// mount from <kubelet_root>/pods/<the pod's UID> is the pod's own
+	// (volumes, token, /etc/hosts); from anywhere else it is a host path.
+	KubeletRoot string `toml:"kubelet_root"`
+	// ContainerdRoot and ContainerdState are containerd's root and state
+	// directories: its CRI plugin keeps each sandbox's resolv.conf,
+	// hostname and /dev/shm there.
+	ContainerdRoot  string `toml:"containerd_root"`
+	ContainerdState string `toml:"containerd_state"`
 	// Runsc holds the flags passed to every runsc invocation.
 	Runsc RunscConfig `toml:"runsc"`
 	// Policy locates the signed policy bundle.
@@ -121,7 +130,9 @@ type RDMAConfig struct {
 
 // NetpolConfig configures the eBPF tenant fence.
 type NetpolConfig struct {
-	// Enabled registers every sandbox in the fence.
+	// Enabled registers every sandbox in the fence. It is on unless the
+	// file says enabled = false: a node without a fence has no cross-tenant,
+	// metadata or egress enforcement, and says so on every pod start.
 	Enabled bool `toml:"enabled"`
 	// PinDir is where maps and links are pinned (on bpffs).
 	PinDir string `toml:"pin_dir"`
@@ -157,14 +168,17 @@ func (n NetpolConfig) cluster() (*netpol.ClusterConfig, error) {
 // DefaultConfig is the configuration used for keys the file leaves out.
 func DefaultConfig() Config {
 	return Config{
-		RunscPath:  "/usr/local/bin/runsc",
-		RunscRoot:  "/run/bulkhead/runsc",
-		StateDir:   "/run/bulkhead",
-		LedgerPath: "/var/lib/bulkhead/ledger.db",
-		Runsc:      RunscConfig{Platform: "systrap", Network: "sandbox"},
-		Pipeline:   PipelineConfig{Enabled: true},
-		MIG:        MIGConfig{Backend: "none", MockModel: "h200", MockGPUs: 1, MockState: "/var/lib/bulkhead/mock-gpus.json"},
-		Netpol:     NetpolConfig{PinDir: "/sys/fs/bpf/bulkhead", LockPath: "/run/bulkhead/netpol.lock"},
+		RunscPath:       "/usr/local/bin/runsc",
+		RunscRoot:       "/run/bulkhead/runsc",
+		StateDir:        "/run/bulkhead",
+		LedgerPath:      "/var/lib/bulkhead/ledger.db",
+		KubeletRoot:     "/var/lib/kubelet",
+		ContainerdRoot:  "/var/lib/containerd",
+		ContainerdState: "/run/containerd",
+		Runsc:           RunscConfig{Platform: "systrap", Network: "sandbox"},
+		Pipeline:        PipelineConfig{Enabled: true},
+		MIG:             MIGConfig{Backend: "none", MockModel: "h200", MockGPUs: 1, MockState: "/var/lib/bulkhead/mock-gpus.json"},
+		Netpol:          NetpolConfig{Enabled: true, PinDir: "/sys/fs/bpf/bulkhead", LockPath: "/run/bulkhead/netpol.lock"},
 	}
 }
 
@@ -227,6 +241,7 @@ var (
 func (c Config) Validate() error {
 	for _, p := range []struct{ key, val string }{
 		{"runsc_path", c.RunscPath}, {"runsc_root", c.RunscRoot}, {"state_dir", c.StateDir}, {"ledger_path", c.LedgerPath},
+		{"kubelet_root", c.KubeletRoot}, {"containerd_root", c.ContainerdRoot}, {"containerd_state", c.ContainerdState},
 	} {
 		if p.val == "" {
 			return fmt.Errorf("%s: must be set", p.key)
@@ -268,6 +283,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := c.Netpol.cluster(); err != nil {
 		return err
+	}
+	if c.Netpol.Enabled && (c.Netpol.PinDir == "" || !filepath.IsAbs(c.Netpol.PinDir)) {
+		return fmt.Errorf("netpol.pin_dir: %q must be an absolute path on bpffs", c.Netpol.PinDir)
 	}
 	if c.Pipeline.Enabled && c.Policy.Bundle == "" {
 		return errors.New("policy.bundle: must be set while pipeline.enabled is true (the pipeline fails closed without a policy)")

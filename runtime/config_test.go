@@ -141,3 +141,46 @@ func TestGVisorOptionsRoundTrip(t *testing.T) {
 		t.Errorf("task options = %s %s", anyOpts.TypeUrl, anyOpts.Value)
 	}
 }
+
+// TestDeployedConfigFencesTheNode loads the configuration every node
+// installed from deploy/ runs with: its fence must be on, with the cluster's
+// ranges and per-tier shared services filled in.
+func TestDeployedConfigFencesTheNode(t *testing.T) {
+	cfg, err := LoadConfig(filepath.Join("..", "deploy", "node", "config.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Netpol.Enabled {
+		t.Fatal("deploy/node/config.toml: netpol.enabled is false: nodes installed from deploy/ would run unfenced")
+	}
+	cc, err := cfg.Netpol.cluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cc.ClusterCIDRs) == 0 {
+		t.Error("deploy/node/config.toml: netpol.cluster_cidrs is empty")
+	}
+	for _, tier := range []string{"untrusted", "standard", "trusted"} {
+		if len(cc.SharedServices[tier]) == 0 {
+			t.Errorf("deploy/node/config.toml: netpol.shared_services.%s is empty", tier)
+		}
+	}
+}
+
+// TestFenceIsOnUnlessTurnedOff: a file without [netpol] gets the fence; only
+// an explicit enabled = false turns it off.
+func TestFenceIsOnUnlessTurnedOff(t *testing.T) {
+	for doc, want := range map[string]bool{
+		"[pipeline]\nenabled = false\n":                            true,
+		"[pipeline]\nenabled = false\n[netpol]\n":                  true,
+		"[pipeline]\nenabled = false\n[netpol]\nenabled = false\n": false,
+	} {
+		cfg, err := ParseConfig([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Netpol.Enabled != want {
+			t.Errorf("%q: netpol.enabled = %v, want %v", doc, cfg.Netpol.Enabled, want)
+		}
+	}
+}

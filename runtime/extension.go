@@ -109,6 +109,12 @@ func (p *PodExtension) create(ctx context.Context, r *task.CreateTaskRequest, ne
 // createContainer creates a workload container in the pod's sandbox.
 func (p *PodExtension) createContainer(ctx context.Context, r *task.CreateTaskRequest, spec *specs.Spec, next func() (*task.CreateTaskResponse, error)) (*task.CreateTaskResponse, error) {
 	if p.pipeline != nil {
+		// The policy judges every container as containerd wrote it: what
+		// the webhook saw may not be what runs.
+		if err := p.pipeline.AdmitContainer(ctx, p.sandbox, r.ID, spec); err != nil {
+			log.G(ctx).WithError(err).Warnf("container %s: refused", r.ID)
+			return nil, err
+		}
 		read, err := encodeSpec(spec)
 		if err != nil {
 			return nil, err

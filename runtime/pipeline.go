@@ -211,6 +211,16 @@ func (p *Pipeline) Input(sb *Sandbox, spec *specs.Spec) (policy.Input, error) {
 			Name: sb.Name, UID: sb.UID, Annotations: sb.Annotations, RuntimeHandler: sb.Handler,
 		},
 	}
+	// The node judges what will run, whatever the webhook saw: host
+	// namespaces and sysctls from the sandbox's spec, and the sandbox
+	// container itself when it asks the host for anything.
+	in.Pod.HostNetwork, in.Pod.HostPID, in.Pod.HostIPC = hostNamespaces(spec)
+	if spec.Linux != nil && len(spec.Linux.Sysctl) > 0 {
+		in.Pod.Sysctls = spec.Linux.Sysctl
+	}
+	if c := containerOf(sandboxContainerName, spec, p.cfg.podFiles(sb, ""), nil); asksHost(c) {
+		in.Pod.Containers = []policy.Container{c}
+	}
 	if v := spec.Annotations[AnnotationSandboxMemory]; v != "" {
 		mem, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || mem < 0 {
@@ -234,6 +244,49 @@ func (p *Pipeline) Input(sb *Sandbox, spec *specs.Spec) (policy.Input, error) {
 	}
 	in.Request.RDMA = ann.RDMA
 	return in, nil
+}
+
+// sandboxContainerName names the sandbox (pause) container in the policy input.
+const sandboxContainerName = "sandbox"
+
+// ContainerInput builds the policy input for creating container id in the
+// admitted sandbox sb: the pod's identity and host namespaces and what this
+// container asks of the host. Quotas and GPUs were settled at sandbox
+// create, so request and usage stay empty.
+func (p *Pipeline) ContainerInput(sb *Sandbox, id string, spec *specs.Spec) policy.Input {
+	name := spec.Annotations[AnnotationContainerName]
+	if name == "" {
+		name = id
+	}
+	in := policy.Input{
+		Version:   policy.ContractVersion,
+		Kind:      policy.KindContainer,
+		Namespace: sb.Namespace,
+		Pod: policy.Pod{
+			Name: sb.Name, UID: sb.UID, Annotations: sb.Annotations, RuntimeHandler: sb.Handler,
+			HostNetwork: sb.NetNS == "",
+		},
+	}
+	network, pid, ipc := hostNamespaces(spec)
+	in.Pod.HostNetwork = in.Pod.HostNetwork || network
+	in.Pod.HostPID, in.Pod.HostIPC = pid, ipc
+	if spec.Linux != nil && len(spec.Linux.Sysctl) > 0 {
+		in.Pod.Sysctls = spec.Linux.Sysctl
+	}
+	granted := p.RDMAGrant(sb).Devices
+	in.Pod.Containers = []policy.Container{containerOf(name, spec, p.cfg.podFiles(sb, id), granted)}
+	return in
+}
+
+// AdmitContainer asks the policy whether container id may be created in
+// sandbox sb as spec describes it. A refusal names the rules, like a
+// sandbox refusal, and changes nothing.
+func (p *Pipeline) AdmitContainer(ctx context.Context, sb *Sandbox, id string, spec *specs.Spec) error {
+	d, err := p.decider.Decide(ctx, p.ContainerInput(sb, id, spec))
+	if err != nil || !d.Allow {
+		return refusal(sb, d, err)
+	}
+	return nil
 }
 
 // nodeInput describes the node's GPUs for the policy.
@@ -468,6 +521,12 @@ func (p *Pipeline) RDMAGrant(sb *Sandbox) rdma.Grant {
 func (p *Pipeline) Activate(ctx context.Context, sb *Sandbox, res *Reservation) error {
 	if err := p.fail(StepFence); err != nil {
 		return err
+	}
+	switch {
+	case p.fence == nil:
+		log.G(ctx).Warnf("sandbox %s: NOT FENCED: netpol.enabled = false on this node, so nothing stops its traffic to other tenants, the metadata service or outside its egress allow-list", sb.ID)
+	case sb.NetNS == "":
+		log.G(ctx).Warnf("sandbox %s: host network, allowed by tier %q: the fence does not apply to it", sb.ID, res.Tier)
 	}
 	if p.fence != nil && sb.NetNS != "" {
 		d := sb.decision

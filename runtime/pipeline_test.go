@@ -20,7 +20,8 @@ import (
 
 const testTenants = `{"bulkhead": {"tenants": {
   "agents":   {"tier": "untrusted", "namespaces": ["agents"], "quota": {"sandboxes": 2, "gpu_slices": 3, "memory": "8Gi"}},
-  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 10, "gpu_slices": 14, "memory": "64Gi"}}
+  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 10, "gpu_slices": 14, "memory": "64Gi"}},
+  "platform": {"tier": "trusted",   "namespaces": ["platform"]}
 }}}`
 
 // testPipeline is the real pipeline on the default bundle, a real ledger
@@ -42,6 +43,7 @@ func testPipeline(t *testing.T) *Pipeline {
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
 	cfg.Policy = PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
 	cfg.MIG = MIGConfig{Backend: "mock", MockModel: "h200", MockGPUs: 2, MockState: filepath.Join(dir, "gpus.json")}
+	cfg.Netpol.Enabled = false // the fence needs root; test/e2e runs it
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +57,10 @@ func testPipeline(t *testing.T) *Pipeline {
 func sandboxSpec(ns, name string, ann map[string]string) (*Sandbox, *specs.Spec) {
 	spec := &specs.Spec{Annotations: map[string]string{
 		AnnotationContainerType: "sandbox", AnnotationSandboxNamespace: ns, AnnotationSandboxName: name,
-	}}
+	}, Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+		{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+		{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-" + name},
+	}}}
 	for k, v := range ann {
 		spec.Annotations[k] = v
 	}
@@ -215,6 +220,7 @@ func TestPipelineRefusesUnsignedBundle(t *testing.T) {
 	bundle, _ := filepath.Abs("../rego")
 	cfg := DefaultConfig()
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
+	cfg.Netpol.Enabled = false
 	cfg.Policy = PolicyConfig{Bundle: bundle, KeyFile: keyFile, KeyID: "bulkhead", Scope: "bulkhead"}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)

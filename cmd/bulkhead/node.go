@@ -85,6 +85,8 @@ type NodeStatus struct {
 	Sandboxes  []*runtime.Reservation  `json:"sandboxes"`
 	Quota      map[string]TenantQuota  `json:"quota,omitempty"`
 	LedgerPath string                  `json:"ledger_path"`
+	// Fence is "enabled" or "DISABLED (netpol.enabled = false)".
+	Fence string `json:"fence"`
 }
 
 // TenantStatus is a tenant's usage on this node.
@@ -104,7 +106,10 @@ type TenantQuota struct {
 }
 
 func nodeStatus(cfg runtime.Config, c runtime.Components) (*NodeStatus, error) {
-	st := &NodeStatus{Drops: map[string]netpol.Stats{}, LedgerPath: cfg.LedgerPath}
+	st := &NodeStatus{Drops: map[string]netpol.Stats{}, LedgerPath: cfg.LedgerPath, Fence: "enabled"}
+	if !cfg.Netpol.Enabled {
+		st.Fence = fenceDisabled
+	}
 	if err := c.Ledger.View(func(tx *runtime.LedgerTx) error {
 		var err error
 		st.Sandboxes, err = tx.List()
@@ -215,7 +220,11 @@ func readBundleData(path string) ([]byte, error) {
 	}
 }
 
+// fenceDisabled is what status says of a node whose operator turned the fence off.
+const fenceDisabled = "DISABLED (netpol.enabled = false): no cross-tenant, metadata or egress enforcement on this node"
+
 func printStatus(w io.Writer, st *NodeStatus) {
+	fmt.Fprintf(w, "FENCE: %s\n\n", st.Fence)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tTIER\tSANDBOXES\tGPU SLICES\tMEMORY\tQUOTA (sandboxes/slices/memory)")
 	for _, t := range st.Tenants {

@@ -224,12 +224,15 @@ runsc_root = %q
 state_dir = %q
 ledger_path = %q
 log_dir = %q
+containerd_root = %q
+containerd_state = %q
 [runsc]
 platform = "systrap"
 network = "sandbox"
 [pipeline]
 enabled = %t
-%s`, runsc, n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"), opts.PipelineEnabled, opts.ShimConfig)
+%s`, runsc, n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
+		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), opts.PipelineEnabled, opts.ShimConfig)
 	if err := os.WriteFile(n.ShimConf, []byte(shimConf), 0o644); err != nil {
 		return nil, err
 	}

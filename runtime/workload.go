@@ -1,0 +1,214 @@
+package runtime
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/moby/sys/mountinfo"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/bulkhead-runtime/bulkhead/policy"
+)
+
+// criPlugin is the directory containerd's CRI plugin keeps its per-sandbox
+// and per-container files in, under both its root and its state directory.
+const criPlugin = "io.containerd.grpc.v1.cri"
+
+// defaultCapabilities is the capability set containerd gives every
+// container (pkg/oci's default Unix spec). A capability outside it was
+// added by the pod's author (or by privileged mode).
+var defaultCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+	"CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// podFiles says which host paths are a pod's own: the files the kubelet and
+// containerd made for it (volumes, service account token, /etc/hosts,
+// termination log, resolv.conf, hostname, /dev/shm). Every other bind
+// source is a host path the policy judges.
+type podFiles struct {
+	// KubeletRoot, ContainerdRoot and ContainerdState are the node's
+	// directories (Config keys kubelet_root, containerd_root, containerd_state).
+	KubeletRoot, ContainerdRoot, ContainerdState string
+	// PodUID is the pod's Kubernetes UID; empty outside Kubernetes.
+	PodUID string
+	// SandboxID and ContainerID are containerd's ids of the pod's sandbox
+	// and of the container being judged (empty at sandbox create).
+	SandboxID, ContainerID string
+	// resolve maps a kubelet subPath bind to the host path it binds; nil
+	// reads the node's mount table.
+	resolve func(path string) (string, error)
+}
+
+func (c Config) podFiles(sb *Sandbox, containerID string) podFiles {
+	return podFiles{
+		KubeletRoot: c.KubeletRoot, ContainerdRoot: c.ContainerdRoot, ContainerdState: c.ContainerdState,
+		PodUID: sb.UID, SandboxID: sb.ID, ContainerID: containerID,
+	}
+}
+
+// own reports whether the clean absolute path p is one of the pod's own files.
+func (f podFiles) own(p string) bool {
+	var roots []string
+	if f.PodUID != "" && f.KubeletRoot != "" {
+		roots = append(roots, filepath.Join(f.KubeletRoot, "pods", f.PodUID))
+	}
+	for _, base := range []string{f.ContainerdRoot, f.ContainerdState} {
+		if base == "" {
+			continue
+		}
+		if f.SandboxID != "" {
+			roots = append(roots, filepath.Join(base, criPlugin, "sandboxes", f.SandboxID))
+		}
+		if f.ContainerID != "" {
+			roots = append(roots, filepath.Join(base, criPlugin, "containers", f.ContainerID))
+		}
+	}
+	return slices.ContainsFunc(roots, func(root string) bool { return under(p, root) })
+}
+
+// subPath reports whether p is a bind the kubelet made for a volumeMount's
+// subPath: it lives in the pod's directory but binds whatever the volume
+// holds, a hostPath's subdirectory included.
+func (f podFiles) subPath(p string) bool {
+	return f.PodUID != "" && f.KubeletRoot != "" && under(p, filepath.Join(f.KubeletRoot, "pods", f.PodUID, "volume-subpaths"))
+}
+
+// hostPath is the host path a bind mount's source will mount: cleaned,
+// a kubelet subPath bind resolved through the mount table, symlinks
+// followed where the path exists (the kernel follows them when mounting).
+func (f podFiles) hostPath(source string) string {
+	p := source
+	if !filepath.IsAbs(p) {
+		return p // not clean and absolute: the policy refuses it as written
+	}
+	p = filepath.Clean(p)
+	if f.subPath(p) {
+		resolve := f.resolve
+		if resolve == nil {
+			resolve = resolveBind
+		}
+		if r, err := resolve(p); err == nil {
+			p = r
+		}
+		// Unresolved, it stays under volume-subpaths, which own() never
+		// counts as the pod's: fail closed.
+	}
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		p = r
+	}
+	return p
+}
+
+// under reports whether p is root or lies below it.
+func under(p, root string) bool {
+	return p == root || strings.HasPrefix(p, root+"/") || root == "/"
+}
+
+// resolveBind finds what the bind mount at mountpoint p binds, as a host
+// path: the mount table gives the bound directory relative to its
+// filesystem (root), and another mount of the same filesystem tells where
+// that filesystem is reachable on the host.
+func resolveBind(p string) (string, error) {
+	mounts, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		return "", err
+	}
+	var bind *mountinfo.Info
+	for _, m := range mounts {
+		if m.Mountpoint == p {
+			bind = m // the last one wins: it is what the path shows
+		}
+	}
+	if bind == nil {
+		return "", fmt.Errorf("%s: not a mount point", p)
+	}
+	best := ""
+	bestRoot := -1
+	for _, m := range mounts {
+		if m == bind || m.Major != bind.Major || m.Minor != bind.Minor || strings.Contains(m.Mountpoint, "/volume-subpaths/") {
+			continue
+		}
+		if !under(bind.Root, m.Root) || len(m.Root) <= bestRoot {
+			continue
+		}
+		rel := strings.TrimPrefix(bind.Root, m.Root)
+		best, bestRoot = filepath.Join(m.Mountpoint, rel), len(m.Root)
+	}
+	if bestRoot < 0 {
+		return "", fmt.Errorf("%s: binds %s of device %d:%d, which no other mount shows", p, bind.Root, bind.Major, bind.Minor)
+	}
+	return best, nil
+}
+
+// hostNamespaces reads which host namespaces a spec shares: containerd
+// leaves a namespace out of the spec to share the host's.
+func hostNamespaces(spec *specs.Spec) (network, pid, ipc bool) {
+	has := func(t specs.LinuxNamespaceType) bool {
+		return spec.Linux != nil && slices.ContainsFunc(spec.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == t })
+	}
+	return !has(specs.NetworkNamespace), !has(specs.PIDNamespace), !has(specs.IPCNamespace)
+}
+
+// containerOf describes what the container of spec asks of the host, as
+// the policy input's container: host bind mounts, device nodes (but not
+// those in granted, which Bulkhead itself hands out), capabilities beyond
+// containerd's default set, and privileged mode.
+func containerOf(name string, spec *specs.Spec, files podFiles, granted []string) policy.Container {
+	c := policy.Container{Name: name, Image: spec.Annotations[AnnotationImageName]}
+	for _, m := range spec.Mounts {
+		if !isBind(m) {
+			continue
+		}
+		p := files.hostPath(m.Source)
+		if filepath.IsAbs(p) && files.own(p) && !files.subPath(p) {
+			continue
+		}
+		c.Mounts = append(c.Mounts, policy.Mount{HostPath: p, Path: m.Destination, ReadOnly: slices.Contains(m.Options, "ro")})
+	}
+	if spec.Linux != nil {
+		for _, d := range spec.Linux.Devices {
+			p := filepath.Clean(d.Path)
+			if !slices.Contains(granted, p) {
+				c.Devices = append(c.Devices, p)
+			}
+		}
+	}
+	if spec.Process != nil && spec.Process.Capabilities != nil {
+		caps := spec.Process.Capabilities
+		seen := map[string]bool{}
+		for _, set := range [][]string{caps.Bounding, caps.Effective, caps.Permitted, caps.Inheritable, caps.Ambient} {
+			for _, cp := range set {
+				cp = strings.ToUpper(cp)
+				if !strings.HasPrefix(cp, "CAP_") {
+					cp = "CAP_" + cp
+				}
+				if seen[cp] || slices.Contains(defaultCapabilities, cp) {
+					continue
+				}
+				seen[cp] = true
+				c.AddedCapabilities = append(c.AddedCapabilities, strings.TrimPrefix(cp, "CAP_"))
+			}
+		}
+		slices.Sort(c.AddedCapabilities)
+		// containerd's privileged mode: every capability and no masked or
+		// read-only paths (/proc and /sys as the host has them).
+		c.Privileged = slices.Contains(caps.Bounding, "CAP_SYS_ADMIN") && spec.Linux != nil &&
+			len(spec.Linux.MaskedPaths) == 0 && len(spec.Linux.ReadonlyPaths) == 0
+	}
+	return c
+}
+
+// asksHost reports whether c asks the host for anything at all.
+func asksHost(c policy.Container) bool {
+	return c.Privileged || len(c.Mounts) > 0 || len(c.Devices) > 0 || len(c.AddedCapabilities) > 0
+}
+
+// isBind reports whether m binds a host path (rather than mounting a
+// fresh proc, sysfs, tmpfs...).
+func isBind(m specs.Mount) bool {
+	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}

@@ -1,0 +1,266 @@
+package runtime
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/bulkhead-runtime/bulkhead/policy"
+)
+
+// criSpec is a container spec as containerd's CRI plugin writes it for a pod
+// with UID "uid-1" in sandbox "sb1": the pod's own binds, default
+// capabilities, masked paths and every namespace.
+func criSpec() *specs.Spec {
+	caps := slices.Clone(defaultCapabilities)
+	return &specs.Spec{
+		Annotations: map[string]string{AnnotationContainerName: "main", AnnotationImageName: "registry.local/app:1"},
+		Process:     &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/etc/hosts", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/etc-hosts", Options: []string{"rbind", "rw"}},
+			{Destination: "/dev/termination-log", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/containers/main/0a1b", Options: []string{"rbind"}},
+			{Destination: "/var/run/secrets/kubernetes.io/serviceaccount", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~projected/kube-api-access", Options: []string{"rbind", "ro"}},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/sb1/resolv.conf", Options: []string{"rbind", "ro"}},
+			{Destination: "/dev/shm", Type: "bind", Source: "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/sb1/shm", Options: []string{"rbind", "ro"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace, Path: "/proc/42/ns/net"},
+			},
+			MaskedPaths:   []string{"/proc/kcore"},
+			ReadonlyPaths: []string{"/proc/sys"},
+		},
+	}
+}
+
+func testFiles() podFiles {
+	return podFiles{
+		KubeletRoot: "/var/lib/kubelet", ContainerdRoot: "/var/lib/containerd", ContainerdState: "/run/containerd",
+		PodUID: "uid-1", SandboxID: "sb1", ContainerID: "c1",
+		resolve: func(p string) (string, error) {
+			switch p {
+			case "/var/lib/kubelet/pods/uid-1/volume-subpaths/root/main/0":
+				return "/dev/infiniband", nil
+			case "/var/lib/kubelet/pods/uid-1/volume-subpaths/scratch/main/1":
+				return "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/scratch/sub", nil
+			}
+			return "", os.ErrNotExist
+		},
+	}
+}
+
+func TestContainerOf(t *testing.T) {
+	bind := func(src, dst string, opts ...string) func(*specs.Spec) {
+		return func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: dst, Type: "bind", Source: src, Options: append([]string{"rbind"}, opts...)})
+		}
+	}
+	addCaps := func(caps ...string) func(*specs.Spec) {
+		return func(s *specs.Spec) {
+			c := s.Process.Capabilities
+			c.Bounding, c.Effective, c.Permitted = append(c.Bounding, caps...), append(c.Effective, caps...), append(c.Permitted, caps...)
+		}
+	}
+	tests := []struct {
+		name    string
+		edit    []func(*specs.Spec)
+		granted []string
+		want    policy.Container
+	}{
+		{name: "a pod's own files are not host paths", want: policy.Container{}},
+		{name: "hostPath /", edit: []func(*specs.Spec){bind("/", "/host")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/", Path: "/host"}}}},
+		{name: "another pod's secrets", edit: []func(*specs.Spec){bind("/var/lib/kubelet/pods/uid-2/volumes", "/x", "ro")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/var/lib/kubelet/pods/uid-2/volumes", Path: "/x", ReadOnly: true}}}},
+		{name: "every pod's directory", edit: []func(*specs.Spec){bind("/var/lib/kubelet/pods", "/x")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/var/lib/kubelet/pods", Path: "/x"}}}},
+		{name: "double slash and dot-dot are cleaned", edit: []func(*specs.Spec){bind("//dev/infiniband/../infiniband/uverbs0", "/dev/ib")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/dev/infiniband/uverbs0", Path: "/dev/ib"}}}},
+		{name: "dot-dot out of the pod's directory", edit: []func(*specs.Spec){bind("/var/lib/kubelet/pods/uid-1/../uid-2", "/x")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/var/lib/kubelet/pods/uid-2", Path: "/x"}}}},
+		{name: "another sandbox's files", edit: []func(*specs.Spec){bind("/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/sb2/hostname", "/etc/hostname")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/sb2/hostname", Path: "/etc/hostname"}}}},
+		{name: "subPath of a hostPath is resolved", edit: []func(*specs.Spec){bind("/var/lib/kubelet/pods/uid-1/volume-subpaths/root/main/0", "/ib")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/dev/infiniband", Path: "/ib"}}}},
+		{name: "subPath of an emptyDir is the pod's own", edit: []func(*specs.Spec){bind("/var/lib/kubelet/pods/uid-1/volume-subpaths/scratch/main/1", "/s")},
+			want: policy.Container{}},
+		{name: "an unresolvable subPath stays a host path", edit: []func(*specs.Spec){bind("/var/lib/kubelet/pods/uid-1/volume-subpaths/x/main/2", "/s")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/var/lib/kubelet/pods/uid-1/volume-subpaths/x/main/2", Path: "/s"}}}},
+		{name: "relative source is passed as written", edit: []func(*specs.Spec){bind("etc", "/e")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "etc", Path: "/e"}}}},
+		{name: "added capabilities beyond containerd's defaults", edit: []func(*specs.Spec){addCaps("CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_CHOWN")},
+			want: policy.Container{AddedCapabilities: []string{"NET_ADMIN", "SYS_ADMIN"}}},
+		{name: "devices, granted VFs left out", granted: []string{"/dev/infiniband/uverbs1"}, edit: []func(*specs.Spec){func(s *specs.Spec) {
+			s.Linux.Devices = []specs.LinuxDevice{{Path: "/dev/kvm"}, {Path: "//dev/infiniband/uverbs0"}, {Path: "/dev/infiniband/uverbs1"}}
+		}}, want: policy.Container{Devices: []string{"/dev/kvm", "/dev/infiniband/uverbs0"}}},
+		{name: "privileged: every capability, nothing masked", edit: []func(*specs.Spec){addCaps("CAP_SYS_ADMIN"), func(s *specs.Spec) {
+			s.Linux.MaskedPaths, s.Linux.ReadonlyPaths = nil, nil
+		}}, want: policy.Container{Privileged: true, AddedCapabilities: []string{"SYS_ADMIN"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec := criSpec()
+			for _, e := range tt.edit {
+				e(spec)
+			}
+			got := containerOf("main", spec, testFiles(), tt.granted)
+			tt.want.Name, tt.want.Image = "main", "registry.local/app:1"
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("containerOf =\n %+v\nwant\n %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestHostNamespaces(t *testing.T) {
+	spec := criSpec()
+	if n, p, i := hostNamespaces(spec); n || p || i {
+		t.Errorf("pod namespaces read as host: %v %v %v", n, p, i)
+	}
+	spec.Linux.Namespaces = []specs.LinuxNamespace{{Type: specs.MountNamespace}}
+	if n, p, i := hostNamespaces(spec); !n || !p || !i {
+		t.Errorf("missing namespaces not read as host: %v %v %v", n, p, i)
+	}
+	if n, _, _ := hostNamespaces(&specs.Spec{}); !n {
+		t.Error("a spec without linux section must read as host network")
+	}
+}
+
+// TestResolveBindFollowsTheMountTable makes a real bind mount, as the
+// kubelet does for a subPath, and requires the host path it binds.
+func TestResolveBindFollowsTheMountTable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to bind-mount (mount(2))")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "hostdir", "sub")
+	dst := filepath.Join(dir, "pods", "uid-1", "volume-subpaths", "v", "c", "0")
+	for _, d := range []string{src, dst} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := exec.Command("mount", "--bind", src, dst).CombinedOutput(); err != nil {
+		t.Skipf("bind mount not possible here: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", dst).Run() })
+	got, err := resolveBind(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := filepath.EvalSymlinks(src)
+	if got != want && got != src {
+		t.Errorf("resolveBind(%s) = %s, want %s", dst, got, src)
+	}
+	files := podFiles{KubeletRoot: dir, PodUID: "uid-1"}
+	c := containerOf("main", &specs.Spec{Mounts: []specs.Mount{{Destination: "/d", Type: "bind", Source: dst}}}, files, nil)
+	if len(c.Mounts) != 1 || (c.Mounts[0].HostPath != src && c.Mounts[0].HostPath != want) {
+		t.Errorf("containerOf mounts = %+v, want the bound host directory %s", c.Mounts, src)
+	}
+}
+
+// TestNodeRefusesHostNetworkSandbox: a sandbox spec without a network
+// namespace (what containerd writes for hostNetwork) is judged as host
+// network by the node itself, whatever the webhook said.
+func TestNodeRefusesHostNetworkSandbox(t *testing.T) {
+	p := testPipeline(t)
+	ctx := context.Background()
+	for _, tt := range []struct {
+		ns    string
+		allow bool
+	}{{"agents", false}, {"research", false}, {"platform", true}} {
+		sb, spec := sandboxSpec(tt.ns, "hostnet", nil)
+		spec.Linux.Namespaces = slices.DeleteFunc(spec.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.NetworkNamespace })
+		sb = SandboxFromSpec(sb.ID, sb.Bundle, spec)
+		_, err := p.Admit(ctx, sb, spec)
+		if tt.allow {
+			if err != nil {
+				t.Errorf("%s: %v", tt.ns, err)
+			}
+			_ = p.Release(ctx, sb.ID)
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "workload.host_namespace") || !strings.Contains(err.Error(), "host_network") {
+			t.Errorf("%s: Admit of a host-network sandbox = %v, want workload.host_namespace (host_network)", tt.ns, err)
+		}
+	}
+	_ = p.ledger.View(func(tx *LedgerTx) error {
+		if all, _ := tx.List(); len(all) != 0 {
+			t.Errorf("refusals left %d reservations", len(all))
+		}
+		return nil
+	})
+}
+
+// TestAdmitContainerJudgesTheSpec: every container create is judged from
+// the OCI spec containerd hands the shim.
+func TestAdmitContainerJudgesTheSpec(t *testing.T) {
+	p := testPipeline(t)
+	ctx := context.Background()
+	bind := func(src string, opts ...string) func(*specs.Spec) {
+		return func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/host", Type: "bind", Source: src, Options: append([]string{"rbind"}, opts...)})
+		}
+	}
+	addCaps := func(caps ...string) func(*specs.Spec) {
+		return func(s *specs.Spec) {
+			c := s.Process.Capabilities
+			c.Bounding, c.Effective, c.Permitted = append(c.Bounding, caps...), append(c.Effective, caps...), append(c.Permitted, caps...)
+		}
+	}
+	device := func(path string) func(*specs.Spec) {
+		return func(s *specs.Spec) {
+			s.Linux.Devices = append(s.Linux.Devices, specs.LinuxDevice{Path: path, Type: "c"})
+		}
+	}
+	noNetNS := func(s *specs.Spec) {
+		s.Linux.Namespaces = slices.DeleteFunc(s.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.NetworkNamespace })
+	}
+	tests := []struct {
+		ns   string
+		edit func(*specs.Spec)
+		rule string // "" allows
+	}{
+		{"agents", func(*specs.Spec) {}, ""},
+		{"agents", bind("/"), "workload.host_path"},
+		{"agents", bind("/", "ro"), "workload.host_path"},
+		{"agents", bind("/var/lib/kubelet/pods"), "workload.host_path"},
+		{"agents", bind("/var/lib/kubelet/pods/uid-1/../uid-2/volumes"), "workload.host_path"},
+		{"agents", bind("/etc/bulkhead"), "workload.host_path"},
+		{"agents", bind("/var/lib/bulkhead"), "workload.host_path"},
+		{"agents", bind("//dev/infiniband/uverbs0"), "rdma.device_forbidden"},
+		{"agents", device("/dev/infiniband/uverbs0"), "rdma.device_forbidden"},
+		{"agents", device("/dev/kvm"), "workload.device_forbidden"},
+		{"agents", addCaps("CAP_SYS_ADMIN"), "workload.capability"},
+		{"agents", addCaps("CAP_NET_ADMIN"), "workload.capability"},
+		{"agents", noNetNS, "workload.host_namespace"},
+		{"research", bind("/"), "workload.host_path"},
+		{"research", addCaps("CAP_SYS_ADMIN"), "workload.capability"},
+		{"platform", bind("/"), ""},
+		{"platform", addCaps("CAP_SYS_ADMIN"), ""},
+	}
+	for _, tt := range tests {
+		sb, _ := sandboxSpec(tt.ns, "pod", nil)
+		sb.ID, sb.UID = "sb1", "uid-1"
+		spec := criSpec()
+		tt.edit(spec)
+		err := p.AdmitContainer(ctx, sb, "c1", spec)
+		switch {
+		case tt.rule == "" && err != nil:
+			t.Errorf("%s %+v: refused: %v", tt.ns, spec.Mounts[len(spec.Mounts)-1], err)
+		case tt.rule != "" && (err == nil || !strings.Contains(err.Error(), tt.rule+":")):
+			t.Errorf("%s: AdmitContainer = %v, want a refusal naming %s", tt.ns, err, tt.rule)
+		case err != nil && !strings.HasPrefix(err.Error(), "bulkhead refused pod "+tt.ns+"/pod"):
+			t.Errorf("refusal %q does not read like a sandbox refusal", err)
+		}
+	}
+}
