@@ -89,10 +89,35 @@ func mergeDataFile(b *bundle.Bundle, path string) error {
 	if err := dec.Decode(&extra); err != nil {
 		return fmt.Errorf("%s: want a JSON object: %w", filepath.Base(path), err)
 	}
+	if err := onlyTenants(extra); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Base(path), err)
+	}
 	if b.Data == nil {
 		b.Data = map[string]any{}
 	}
 	return mergeInto(b.Data, extra, "data")
+}
+
+// onlyTenants refuses a data file that sets anything but
+// data.bulkhead.tenants: it is not signed, so it may say who the tenants
+// are but never change what a tier allows, how a rule is enforced or
+// which runtime a handler gets.
+func onlyTenants(doc map[string]any) error {
+	for k, v := range doc {
+		if k != "bulkhead" {
+			return fmt.Errorf("key %q: only bulkhead.tenants may come from outside the signed bundle", k)
+		}
+		inner, ok := v.(map[string]any)
+		if !ok {
+			return fmt.Errorf("key \"bulkhead\": want an object holding only \"tenants\"")
+		}
+		for k := range inner {
+			if k != "tenants" {
+				return fmt.Errorf("key \"bulkhead.%s\": only bulkhead.tenants may come from outside the signed bundle", k)
+			}
+		}
+	}
+	return nil
 }
 
 func mergeInto(dst, src map[string]any, at string) error {

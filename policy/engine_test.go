@@ -296,9 +296,22 @@ func TestDataPathMerge(t *testing.T) {
 	if err := os.WriteFile(notObject, []byte(`[1]`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	file := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 	for name, tc := range map[string]struct{ path, want string }{
-		"redefines a bundle value": {conflict, "data.bulkhead.default_handler_runtime is already set by the bundle"},
+		"redefines a bundle value": {conflict, `key "bulkhead.default_handler_runtime": only bulkhead.tenants may come from outside the signed bundle`},
 		"not an object":            {notObject, "want a JSON object"},
+		// Unsigned data must never weaken the signed policy.
+		"downgrades enforcement": {file("enf.json", `{"bulkhead": {"tenants": {}, "enforcement": {"workload.host_path": "audit"}}}`), `key "bulkhead.enforcement"`},
+		"redefines a tier":       {file("tiers.json", `{"bulkhead": {"tiers": {"untrusted": {"allowed_host_paths": ["/"]}}}}`), `key "bulkhead.tiers"`},
+		"remaps handlers":        {file("handlers.json", `{"bulkhead": {"handlers": {"runc": "gvisor"}}}`), `key "bulkhead.handlers"`},
+		"outside bulkhead":       {file("other.json", `{"system": {"x": 1}}`), `key "system"`},
+		"bulkhead not an object": {file("str.json", `{"bulkhead": "x"}`), `want an object holding only "tenants"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Open(context.Background(), Options{BundlePath: repoPath(t, "rego"), DataPath: tc.path, InsecureSkipVerification: true, Logger: quietLogger()})
