@@ -18,6 +18,11 @@ build: ## Build the shim, the CLI and the webhook into ./bin.
 	$(GO) build -o $(BIN)/ ./cmd/...
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./test/images/netprobe
 
+.PHONY: build-failpoints
+build-failpoints: ## Build the test shim that honours BULKHEAD_TEST_FAIL_AT into ./bin/failpoints (e2e tests only).
+	@mkdir -p $(BIN)/failpoints
+	$(GO) build -tags bulkhead_failpoints -o $(BIN)/failpoints/ ./cmd/containerd-shim-bulkhead-v1
+
 .PHONY: deps
 deps: ## Install the Debian packages a local node needs (CNI plugins, busybox-static, iproute2); root.
 	bash test/scripts/deps.sh
@@ -27,7 +32,7 @@ tools: ## Install pinned containerd, ctr, runsc, crictl and opa into TOOLS_DIR (
 	bash test/scripts/tools.sh
 
 .PHONY: test
-test: build tools ## Run every test: unit, Rego (with coverage gate), privileged and e2e (as root).
+test: build build-failpoints tools ## Run every test: unit, Rego (with coverage gate), privileged and e2e (as root).
 	@# Full verbose output goes to .test.log; the console shows each test's result and any failure.
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -v -count=1 -timeout 30m ./... > $(CURDIR)/.test.log 2>&1; rc=$$?; \
 	grep -E '^(--- (PASS|FAIL|SKIP)|ok |FAIL|panic:|\s+--- (PASS|FAIL|SKIP)|\s+[a-z_]+_test\.go:[0-9]+:)' $(CURDIR)/.test.log; \
@@ -68,7 +73,7 @@ bench-webhook: ## Benchmark the admission webhook with concurrent TLS clients.
 	$(GO) test -run '^$$' -bench . -benchmem ./policy/admission/...
 
 .PHONY: bench-start
-bench-start: build tools ## 20 pod starts through CRI: p50/p95 with the pipeline on vs off (root).
+bench-start: build build-failpoints tools ## 20 pod starts through CRI: p50/p95 with the pipeline on vs off (root).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkPodStart -benchtime 1x ./test/e2e/...
 
 .PHONY: generate

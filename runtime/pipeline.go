@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/log"
@@ -33,11 +32,6 @@ const (
 	// AnnotationSandboxMemory is containerd's total memory limit of the pod.
 	AnnotationSandboxMemory = "io.kubernetes.cri.sandbox-memory"
 )
-
-// FailAtEnv names the pipeline step that fails on purpose ("hang:STEP"
-// stands still there instead), or "@path" of a file that says so. Test-only: it proves that a failure at every step
-// unwinds completely.
-const FailAtEnv = "BULKHEAD_TEST_FAIL_AT"
 
 // Pipeline steps, in order (FailAtEnv takes one of these).
 const (
@@ -100,7 +94,7 @@ type Components struct {
 
 // NewPipeline assembles a pipeline from its components.
 func NewPipeline(cfg Config, c Components) *Pipeline {
-	return &Pipeline{cfg: cfg, decider: c.Decider, ledger: c.Ledger, gpus: c.GPUs, backend: c.Backend, fence: c.Fence, failAt: os.Getenv(FailAtEnv)}
+	return &Pipeline{cfg: cfg, decider: c.Decider, ledger: c.Ledger, gpus: c.GPUs, backend: c.Backend, fence: c.Fence, failAt: failAtFromEnv()}
 }
 
 // OpenPipeline opens every component named by the configuration.
@@ -180,25 +174,6 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 		}
 	}
 	return c, nil
-}
-
-func (p *Pipeline) fail(step string) error {
-	at := p.failAt
-	if strings.HasPrefix(at, "@") {
-		// "@path": the step is read from a file, so a test can change it
-		// without restarting containerd.
-		b, _ := os.ReadFile(at[1:])
-		at = strings.TrimSpace(string(b))
-	}
-	if hang, ok := strings.CutPrefix(at, "hang:"); ok && hang == step {
-		// Stand still so a test can kill -9 the shim mid-create.
-		time.Sleep(5 * time.Minute)
-		return fmt.Errorf("pipeline step %q: test hang expired", step)
-	}
-	if at != "" && at == step {
-		return fmt.Errorf("injected failure at pipeline step %q (%s)", step, FailAtEnv)
-	}
-	return nil
 }
 
 // Input builds the policy input for a sandbox.

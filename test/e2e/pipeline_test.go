@@ -41,6 +41,10 @@ func startPipelineNodeB(t testing.TB) *pipelineNode {
 	if err := node.Requirements(node.BinDirs()); err != nil {
 		t.Skipf("e2e: %v", err)
 	}
+	shim, err := node.FailpointShim()
+	if err != nil {
+		t.Skipf("e2e: %v", err)
+	}
 	_, file, _, _ := runtime.Caller(0)
 	bundle, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", "..", "rego"))
 	if err != nil {
@@ -68,7 +72,7 @@ func startPipelineNodeB(t testing.TB) *pipelineNode {
 	// could still open the fence) is gone.
 	t.Cleanup(func() { _ = os.RemoveAll(pn.pinDir) })
 	pn.Node = startNode(t, node.Options{
-		Dir: dir, Subnet: subnet, PipelineEnabled: true, ShimConfig: extra,
+		Dir: dir, Subnet: subnet, PipelineEnabled: true, ShimConfig: extra, Shim: shim,
 		Env: []string{bhruntime.FailAtEnv + "=@" + pn.failFile},
 	})
 	return pn

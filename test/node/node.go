@@ -39,6 +39,10 @@ type Options struct {
 	Bridge string
 	// Subnet is the pod CIDR of the bridge, e.g. "10.88.7.0/24".
 	Subnet string
+	// Shim is the shim binary to register; empty looks up
+	// containerd-shim-bulkhead-v1 in BinDir. FailpointShim finds the test
+	// build that honours the pipeline's failpoints.
+	Shim string
 	// ShimConfig is extra TOML appended to the shim's config (policy, pipeline).
 	ShimConfig string
 	// PipelineEnabled switches Bulkhead's placement pipeline.
@@ -96,6 +100,23 @@ func lookPath(bin string, dirs []string) (string, error) {
 		}
 	}
 	return exec.LookPath(bin)
+}
+
+// FailpointShim returns the shim built with the bulkhead_failpoints tag
+// (`make build-failpoints`: $BULKHEAD_BIN/failpoints), which fails or
+// hangs pipeline steps on request; production shims ignore that request.
+func FailpointShim() (string, error) {
+	var dirs []string
+	for _, d := range BinDirs() {
+		dirs = append(dirs, filepath.Join(d, "failpoints"))
+	}
+	for _, d := range dirs {
+		p := filepath.Join(d, "containerd-shim-bulkhead-v1")
+		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", errors.New("needs the failpoints shim (run `make build-failpoints`)")
 }
 
 // BinDirs returns the directories binaries are looked up in: $BULKHEAD_BIN,
@@ -192,7 +213,11 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 			n.Stop(context.Background())
 		}
 	}()
-	shim, err := lookPath("containerd-shim-bulkhead-v1", opts.BinDir)
+	shim := opts.Shim
+	var err error
+	if shim == "" {
+		shim, err = lookPath("containerd-shim-bulkhead-v1", opts.BinDir)
+	}
 	if err != nil {
 		return nil, err
 	}
