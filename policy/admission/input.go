@@ -3,6 +3,8 @@ package admission
 import (
 	"encoding/json"
 	"fmt"
+	"path"
+	"reflect"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -171,15 +173,34 @@ func inputFor(namespace string, pod podObject, handlers HandlerResolver) (policy
 		}
 		in.Pod.RuntimeHandler = handler
 	}
-	devices := hostDeviceVolumes(pod.Spec.Volumes)
-	add := func(c corev1.Container) {
-		out := policy.Container{Name: c.Name, Image: c.Image}
+	in.Pod.Volumes, in.Pod.Sysctls = volumesOf(pod.Spec.Volumes), sysctlsOf(pod.Spec.SecurityContext)
+	hostPaths := hostPathVolumes(pod.Spec.Volumes)
+	add := func(c corev1.Container, ephemeral bool) {
+		out := policy.Container{
+			Name:              c.Name,
+			Image:             c.Image,
+			Ephemeral:         ephemeral,
+			AddedCapabilities: addedCapabilities(c.SecurityContext),
+			SeccompProfile:    seccompProfile(pod, c),
+			AppArmorProfile:   appArmorProfile(pod, c),
+		}
 		if sc := c.SecurityContext; sc != nil && sc.Privileged != nil {
 			out.Privileged = *sc.Privileged
 		}
 		for _, m := range c.VolumeMounts {
-			if path, ok := devices[m.Name]; ok {
-				out.Devices = append(out.Devices, path)
+			vol, ok := hostPaths[m.Name]
+			if !ok {
+				continue
+			}
+			hp := mountedHostPath(vol, m)
+			out.Mounts = append(out.Mounts, policy.Mount{HostPath: hp, Path: m.MountPath, ReadOnly: m.ReadOnly})
+			if hp == "/dev" || strings.HasPrefix(hp, "/dev/") {
+				out.Devices = append(out.Devices, hp)
+			}
+		}
+		for _, p := range c.Ports {
+			if p.HostPort != 0 {
+				out.HostPorts = append(out.HostPorts, p.HostPort)
 			}
 		}
 		if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
@@ -196,10 +217,17 @@ func inputFor(namespace string, pod podObject, handlers HandlerResolver) (policy
 		in.Pod.Containers = append(in.Pod.Containers, out)
 	}
 	for _, c := range pod.Spec.InitContainers {
-		add(c)
+		add(c, false)
 	}
 	for _, c := range pod.Spec.Containers {
-		add(c)
+		add(c, false)
+	}
+	// Ephemeral containers arrive through the pods/ephemeralcontainers
+	// subresource (kubectl debug) on a running pod; their common part has
+	// exactly the fields of a Container, so the conversion stops compiling
+	// the day the two types drift apart.
+	for _, c := range pod.Spec.EphemeralContainers {
+		add(corev1.Container(c.EphemeralContainerCommon), true)
 	}
 	req, err := requestOf(pod.Meta.Annotations, pod.Spec)
 	if err != nil {
@@ -209,16 +237,161 @@ func inputFor(namespace string, pod podObject, handlers HandlerResolver) (policy
 	return in, nil
 }
 
-// hostDeviceVolumes maps volume names to the host path of hostPath volumes
-// under /dev: the closest thing a pod spec has to a device request.
-func hostDeviceVolumes(vols []corev1.Volume) map[string]string {
+// hostPathVolumes maps the names of hostPath volumes to the path each
+// names on the host, as written.
+func hostPathVolumes(vols []corev1.Volume) map[string]string {
 	out := map[string]string{}
 	for _, v := range vols {
-		if hp := v.HostPath; hp != nil && (hp.Path == "/dev" || strings.HasPrefix(hp.Path, "/dev/")) {
-			out[v.Name] = hp.Path
+		if v.HostPath != nil {
+			out[v.Name] = v.HostPath.Path
 		}
 	}
 	return out
+}
+
+// cleanHostPath is what the kubelet will mount for a hostPath written as p:
+// p cleaned, so "//dev/x" and "/var/../dev/x" read as the /dev/x they
+// are. A path that is not absolute (empty included) stays as written, for
+// the policy to refuse as such; path.Clean would turn "" into ".".
+func cleanHostPath(p string) string {
+	if !strings.HasPrefix(p, "/") {
+		return p
+	}
+	return path.Clean(p)
+}
+
+// mountedHostPath is the host path m binds from a hostPath volume whose
+// path is volPath. A subPath is resolved below the volume's root, as the
+// kubelet does (path.Join cleans, so ".." cannot climb above "/"). A
+// subPathExpr depends on the container's environment and cannot be
+// expanded here: the volume's whole path is judged instead, a superset.
+func mountedHostPath(volPath string, m corev1.VolumeMount) string {
+	if !strings.HasPrefix(volPath, "/") || m.SubPathExpr != "" || m.SubPath == "" {
+		return cleanHostPath(volPath)
+	}
+	return path.Join(volPath, m.SubPath)
+}
+
+// volumesOf lists every volume the pod declares, mounted or not.
+func volumesOf(vols []corev1.Volume) []policy.Volume {
+	var out []policy.Volume
+	for _, v := range vols {
+		pv := policy.Volume{Name: v.Name, Type: volumeType(v.VolumeSource)}
+		if v.HostPath != nil {
+			pv.HostPath = cleanHostPath(v.HostPath.Path)
+		}
+		out = append(out, pv)
+	}
+	return out
+}
+
+// volumeType is the JSON name of the set field of src ("hostPath",
+// "emptyDir", "persistentVolumeClaim", ...), or "unknown" when none is
+// set (a source this build's k8s.io/api does not know). The API server
+// refuses a volume with more than one source.
+func volumeType(src corev1.VolumeSource) string {
+	v := reflect.ValueOf(src)
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Kind() == reflect.Pointer && !f.IsNil() {
+			name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+			return name
+		}
+	}
+	return "unknown"
+}
+
+// sysctlsOf returns the kernel parameters the pod sets, by name.
+func sysctlsOf(sc *corev1.PodSecurityContext) map[string]string {
+	if sc == nil || len(sc.Sysctls) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(sc.Sysctls))
+	for _, s := range sc.Sysctls {
+		out[s.Name] = s.Value
+	}
+	return out
+}
+
+// addedCapabilities returns capabilities.add upper case without the CAP_
+// prefix, the way the container runtime reads them ("cap_sys_admin" and
+// "SYS_ADMIN" are the same capability).
+func addedCapabilities(sc *corev1.SecurityContext) []string {
+	if sc == nil || sc.Capabilities == nil {
+		return nil
+	}
+	var out []string
+	for _, c := range sc.Capabilities.Add {
+		name := strings.ToUpper(strings.TrimSpace(string(c)))
+		out = append(out, strings.TrimPrefix(name, "CAP_"))
+	}
+	return out
+}
+
+// seccompProfile is the seccomp profile type that applies to container c:
+// the container's own setting, else the pod's. At each level the field and
+// the deprecated annotation are both read (the API server copies an
+// annotation into an unset field when it creates the pod).
+func seccompProfile(pod podObject, c corev1.Container) string {
+	var field string
+	if sc := c.SecurityContext; sc != nil && sc.SeccompProfile != nil {
+		field = string(sc.SeccompProfile.Type)
+	}
+	if p := profileAt(field, pod.Meta.Annotations[corev1.SeccompContainerAnnotationKeyPrefix+c.Name]); p != "" {
+		return p
+	}
+	field = ""
+	if sc := pod.Spec.SecurityContext; sc != nil && sc.SeccompProfile != nil {
+		field = string(sc.SeccompProfile.Type)
+	}
+	return profileAt(field, pod.Meta.Annotations[corev1.SeccompPodAnnotationKey])
+}
+
+// appArmorProfile is the AppArmor profile type that applies to container
+// c: the container's field or annotation, else the pod's field (AppArmor
+// has no pod-wide annotation).
+func appArmorProfile(pod podObject, c corev1.Container) string {
+	var field string
+	if sc := c.SecurityContext; sc != nil && sc.AppArmorProfile != nil {
+		field = string(sc.AppArmorProfile.Type)
+	}
+	if p := profileAt(field, pod.Meta.Annotations[corev1.DeprecatedAppArmorBetaContainerAnnotationKeyPrefix+c.Name]); p != "" {
+		return p
+	}
+	if sc := pod.Spec.SecurityContext; sc != nil && sc.AppArmorProfile != nil {
+		return string(sc.AppArmorProfile.Type)
+	}
+	return ""
+}
+
+// profileAt merges one level's profile field with its legacy annotation.
+// Should the two disagree (the API server refuses that for pods), the
+// unconfined one wins: the policy judges the weaker of the two.
+func profileAt(field, annotation string) string {
+	ann := legacyProfileType(annotation)
+	switch {
+	case field == string(corev1.SeccompProfileTypeUnconfined) || ann == string(corev1.SeccompProfileTypeUnconfined):
+		return string(corev1.SeccompProfileTypeUnconfined)
+	case field != "":
+		return field
+	}
+	return ann
+}
+
+// legacyProfileType maps a seccomp or AppArmor annotation value to the
+// profile type the field would hold. A value it does not know is passed on
+// as written for the policy to judge.
+func legacyProfileType(v string) string {
+	switch {
+	case v == "":
+		return ""
+	case v == corev1.SeccompProfileNameUnconfined: // also AppArmor's "unconfined"
+		return string(corev1.SeccompProfileTypeUnconfined)
+	case v == corev1.SeccompProfileRuntimeDefault || v == corev1.DeprecatedSeccompProfileDockerDefault:
+		return string(corev1.SeccompProfileTypeRuntimeDefault)
+	case strings.HasPrefix(v, corev1.SeccompLocalhostProfileNamePrefix):
+		return string(corev1.SeccompProfileTypeLocalhost)
+	}
+	return v
 }
 
 // requestOf parses what a pod asks Bulkhead for from its annotations and

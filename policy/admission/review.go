@@ -77,6 +77,23 @@ func NewReviewer(opts Options) (*Reviewer, error) {
 	}, nil
 }
 
+// SubresourceEphemeralContainers is the pods subresource that kubectl debug
+// updates to add a container to a running pod. Its AdmissionRequest is an
+// UPDATE of kind v1 Pod whose object is the whole pod, ephemeral containers
+// included, and Review judges it as such.
+const SubresourceEphemeralContainers = "ephemeralcontainers"
+
+// subresourcesUnjudged are the subresources that cannot change what a pod
+// or pod template asks of the host, so Review allows them without a
+// decision: status (the API server keeps the spec as it was), binding (sets
+// the node), eviction (deletes) and scale (replica count only; every new
+// pod is judged when it is created). Every other subresource that reaches
+// the webhook is judged as the object it carries (fail closed): "" (the
+// object itself), ephemeralcontainers (adds containers) and resize (changes
+// container resources, so memory quota) among them; one whose kind Review
+// cannot read is refused.
+var subresourcesUnjudged = map[string]bool{"status": true, "binding": true, "eviction": true, "scale": true}
+
 // Review answers one AdmissionRequest. It never returns nil: a request it
 // cannot read is refused with a status that names the problem.
 func (r *Reviewer) Review(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
@@ -97,17 +114,25 @@ func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 		// DELETE and CONNECT carry no pod to judge.
 		return &admissionv1.AdmissionResponse{Allowed: true}, ResultAllowed
 	}
+	if subresourcesUnjudged[req.SubResource] {
+		return &admissionv1.AdmissionResponse{Allowed: true}, ResultAllowed
+	}
 	gvk := schema.GroupVersionKind(req.Kind)
 	pod, err := podOf(gvk, req.Object.Raw)
 	if err != nil {
 		return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest, "bulkhead: "+err.Error()), ResultError
 	}
-	if req.Operation == admissionv1.Update && pod.Object.DeletionTimestamp != nil {
+	if req.Operation == admissionv1.Update && req.SubResource == "" && pod.Object.DeletionTimestamp != nil {
 		// Removing finalizers from an object on its way out must never be
-		// blocked by a policy that changed since it was admitted.
+		// blocked by a policy that changed since it was admitted. Only the
+		// object itself carries finalizers: an ephemeral container added
+		// to a pod in its grace period is judged like any other.
 		return &admissionv1.AdmissionResponse{Allowed: true}, ResultAllowed
 	}
 	subject := fmt.Sprintf("%s %q in namespace %q", strings.ToLower(pod.Workload), pod.Name, req.Namespace)
+	if req.SubResource != "" {
+		subject = req.SubResource + " of " + subject
+	}
 
 	in, err := inputFor(req.Namespace, pod, r.handlers)
 	if err != nil {
