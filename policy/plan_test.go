@@ -356,7 +356,18 @@ func changeField(t *testing.T, f reflect.Value, name string) {
 	case reflect.Bool:
 		f.SetBool(!f.Bool())
 	case reflect.Slice:
-		f.Set(reflect.Append(f, reflect.ValueOf("added")))
+		// A zero element of a new kind and a changed copy of it differ from
+		// every element already there.
+		elem := reflect.New(f.Type().Elem()).Elem()
+		switch elem.Kind() {
+		case reflect.String:
+			elem.SetString("added")
+		case reflect.Int32:
+			elem.SetInt(65535)
+		case reflect.Struct:
+			changeField(t, elem.Field(0), name+"[].0")
+		}
+		f.Set(reflect.Append(f, elem))
 	case reflect.Map:
 		f.SetMapIndex(reflect.ValueOf("added"), reflect.ValueOf("added"))
 	default:

@@ -2,13 +2,17 @@ package runtime
 
 import (
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/moby/sys/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
+	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
@@ -171,7 +175,7 @@ func containerOf(name string, spec *specs.Spec, files podFiles, granted []string
 	}
 	if spec.Linux != nil {
 		for _, d := range spec.Linux.Devices {
-			p := filepath.Clean(d.Path)
+			p := hostDevicePath(d)
 			if !slices.Contains(granted, p) {
 				c.Devices = append(c.Devices, p)
 			}
@@ -194,13 +198,70 @@ func containerOf(name string, spec *specs.Spec, files podFiles, granted []string
 			}
 		}
 		slices.Sort(c.AddedCapabilities)
-		// containerd's privileged mode: every capability and no masked or
-		// read-only paths (/proc and /sys as the host has them).
-		c.Privileged = slices.Contains(caps.Bounding, "CAP_SYS_ADMIN") && spec.Linux != nil &&
-			len(spec.Linux.MaskedPaths) == 0 && len(spec.Linux.ReadonlyPaths) == 0
+		// containerd's privileged mode grants every capability the host
+		// knows; a container holding all of these is privileged in effect.
+		c.Privileged = !slices.ContainsFunc(privilegedCapabilities, func(cp string) bool { return !slices.Contains(caps.Bounding, cp) })
 	}
 	return c
 }
+
+// privilegedCapabilities are capabilities no container gets unless it is
+// privileged or asks for nearly everything.
+var privilegedCapabilities = []string{
+	"CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_PTRACE", "CAP_SYS_BOOT", "CAP_NET_ADMIN", "CAP_MAC_ADMIN", "CAP_BPF",
+}
+
+// hostDevicePath names the host device node an OCI device entry gives the
+// container. The entry's path is where the container sees it, which the
+// pod's author chooses; the device itself is its type and major:minor, so
+// the node's /dev is searched for it. An RDMA device not found there is
+// named under /dev/infiniband all the same.
+func hostDevicePath(d specs.LinuxDevice) string {
+	if p, ok := hostDevices()[devKey{d.Type, d.Major, d.Minor}]; ok && d.Type != "" {
+		return p
+	}
+	if d.Type == "c" && d.Major == rdma.InfinibandMajor {
+		return filepath.Join(rdma.Dir, filepath.Base(d.Path))
+	}
+	return filepath.Clean(d.Path)
+}
+
+type devKey struct {
+	typ          string
+	major, minor int64
+}
+
+// hostDevices maps each device node under /dev to its path, read once per
+// shim (device nodes of a node change rarely; a device added later is
+// judged by the path the spec gives it).
+var hostDevices = sync.OnceValue(func() map[devKey]string {
+	m := map[devKey]string{}
+	_ = filepath.WalkDir("/dev", func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if e.IsDir() && (p == "/dev/shm" || p == "/dev/pts" || p == "/dev/mqueue" || p == "/dev/hugepages") {
+			return filepath.SkipDir
+		}
+		if e.Type()&fs.ModeDevice == 0 {
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) != nil {
+			return nil
+		}
+		typ := "b"
+		if e.Type()&fs.ModeCharDevice != 0 {
+			typ = "c"
+		}
+		k := devKey{typ, int64(unix.Major(uint64(st.Rdev))), int64(unix.Minor(uint64(st.Rdev)))}
+		if _, seen := m[k]; !seen {
+			m[k] = p
+		}
+		return nil
+	})
+	return m
+})
 
 // asksHost reports whether c asks the host for anything at all.
 func asksHost(c policy.Container) bool {

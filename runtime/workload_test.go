@@ -102,9 +102,11 @@ func TestContainerOf(t *testing.T) {
 		{name: "devices, granted VFs left out", granted: []string{"/dev/infiniband/uverbs1"}, edit: []func(*specs.Spec){func(s *specs.Spec) {
 			s.Linux.Devices = []specs.LinuxDevice{{Path: "/dev/kvm"}, {Path: "//dev/infiniband/uverbs0"}, {Path: "/dev/infiniband/uverbs1"}}
 		}}, want: policy.Container{Devices: []string{"/dev/kvm", "/dev/infiniband/uverbs0"}}},
-		{name: "privileged: every capability, nothing masked", edit: []func(*specs.Spec){addCaps("CAP_SYS_ADMIN"), func(s *specs.Spec) {
-			s.Linux.MaskedPaths, s.Linux.ReadonlyPaths = nil, nil
-		}}, want: policy.Container{Privileged: true, AddedCapabilities: []string{"SYS_ADMIN"}}},
+		{name: "privileged: every capability", edit: []func(*specs.Spec){addCaps(privilegedCapabilities...)},
+			want: policy.Container{Privileged: true, AddedCapabilities: []string{"BPF", "MAC_ADMIN", "NET_ADMIN", "SYS_ADMIN", "SYS_BOOT", "SYS_MODULE", "SYS_PTRACE", "SYS_RAWIO"}}},
+		{name: "a host device is named by its node, not where the container sees it", edit: []func(*specs.Spec){func(s *specs.Spec) {
+			s.Linux.Devices = []specs.LinuxDevice{{Path: "/dev/harmless", Type: "c", Major: 1, Minor: 3}, {Path: "/dev/x", Type: "c", Major: 231, Minor: 192}}
+		}}, want: policy.Container{Devices: []string{"/dev/null", "/dev/infiniband/x"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

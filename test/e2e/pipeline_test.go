@@ -31,7 +31,8 @@ type pipelineNode struct {
 
 const e2eTenants = `{"bulkhead": {"tenants": {
   "agents":   {"tier": "untrusted", "namespaces": ["agents"],   "egress_cidrs": ["10.96.0.0/12"], "quota": {"sandboxes": 5, "gpu_slices": 6, "memory": "64Gi"}},
-  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 50, "gpu_slices": 28, "memory": "512Gi"}}
+  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 50, "gpu_slices": 28, "memory": "512Gi"}},
+  "platform": {"tier": "trusted",   "namespaces": ["platform"]}
 }}}`
 
 func startPipelineNode(t *testing.T) *pipelineNode { return startPipelineNodeB(t) }
