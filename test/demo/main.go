@@ -82,14 +82,17 @@ func run(ctx context.Context) error {
 	d := &demo{n: n, ctx: ctx, dir: dir}
 
 	say("policy refusals (the message is what the kubelet and crictl see)")
+	hostRoot := []*cri.Mount{{HostPath: "/", ContainerPath: "/host", Readonly: true}}
 	for _, r := range []struct {
 		name, ns, why string
 		ann           map[string]string
+		mounts        []*cri.Mount
 	}{
-		{"stranger", "default", "a namespace that belongs to no tenant", nil},
-		{"agent-gpu", "agents", "an untrusted agent asking for a MIG slice (gVisor cannot expose MIG devices)", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}},
+		{"stranger", "default", "a namespace that belongs to no tenant", nil, nil},
+		{"agent-gpu", "agents", "an untrusted agent asking for a MIG slice (gVisor cannot expose MIG devices)", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}, nil},
+		{"agent-hostfs", "agents", "an untrusted agent whose container mounts the host's / (judged by the node\n      from the container's OCI spec, webhook or not)", nil, hostRoot},
 	} {
-		_, err := d.runPod(r.name, r.ns, r.ann, "")
+		_, err := d.runPod(r.name, r.ns, r.ann, "", r.mounts...)
 		fmt.Printf("    %s/%s — %s:\n      ", r.ns, r.name, r.why)
 		if err == nil {
 			return fmt.Errorf("%s/%s was admitted; the policy should refuse it", r.ns, r.name)
@@ -154,7 +157,9 @@ func firstLine(s string) string {
 	return l
 }
 
-func (d *demo) runPod(name, ns string, ann map[string]string, script string) (*pod, error) {
+// runPod runs a pod with one busybox container; a pod whose container
+// cannot start is removed again, so nothing of it stays behind.
+func (d *demo) runPod(name, ns string, ann map[string]string, script string, mounts ...*cri.Mount) (_ *pod, retErr error) {
 	cfg := &cri.PodSandboxConfig{
 		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: ns, Uid: ns + "-" + name},
 		Hostname:     name,
@@ -170,6 +175,12 @@ func (d *demo) runPod(name, ns string, ann map[string]string, script string) (*p
 		return nil, err
 	}
 	p := &pod{cfg: cfg, id: sb.PodSandboxId, label: ns + "/" + name}
+	defer func() {
+		if retErr != nil {
+			_, _ = d.n.Runtime.StopPodSandbox(context.WithoutCancel(d.ctx), &cri.StopPodSandboxRequest{PodSandboxId: p.id})
+			_, _ = d.n.Runtime.RemovePodSandbox(context.WithoutCancel(d.ctx), &cri.RemovePodSandboxRequest{PodSandboxId: p.id})
+		}
+	}()
 	c, err := d.n.Runtime.CreateContainer(d.ctx, &cri.CreateContainerRequest{
 		PodSandboxId: p.id,
 		Config: &cri.ContainerConfig{
@@ -177,6 +188,7 @@ func (d *demo) runPod(name, ns string, ann map[string]string, script string) (*p
 			Image:    &cri.ImageSpec{Image: images.WorkloadImage},
 			Command:  []string{"/bin/sh", "-c", script},
 			LogPath:  "main.log",
+			Mounts:   mounts,
 			Linux:    &cri.LinuxContainerConfig{},
 		},
 		SandboxConfig: cfg,
