@@ -110,9 +110,15 @@ func (r *Reviewer) Review(ctx context.Context, req *admissionv1.AdmissionRequest
 func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest) (*admissionv1.AdmissionResponse, string) {
 	switch req.Operation {
 	case admissionv1.Create, admissionv1.Update:
-	default:
+	case admissionv1.Delete, admissionv1.Connect:
 		// DELETE and CONNECT carry no pod to judge.
 		return &admissionv1.AdmissionResponse{Allowed: true}, ResultAllowed
+	default:
+		// The API server spells every operation it sends in capitals; an
+		// operation it never sends (empty, "create") cannot be told apart
+		// from a forged request, so it is refused rather than let through.
+		return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest,
+			fmt.Sprintf("bulkhead: %s: request.operation %q: unknown; expected CREATE, UPDATE, DELETE or CONNECT", requestSubject(req), req.Operation)), ResultError
 	}
 	if subresourcesUnjudged[req.SubResource] {
 		return &admissionv1.AdmissionResponse{Allowed: true}, ResultAllowed
@@ -160,6 +166,24 @@ func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 	}
 	r.learn(req.Namespace, dec)
 	return r.respond(subject, pod, dec)
+}
+
+// requestSubject names the object of req from the request's own fields,
+// for refusals made before (or instead of) decoding the object.
+func requestSubject(req *admissionv1.AdmissionRequest) string {
+	kind := strings.ToLower(req.Kind.Kind)
+	if kind == "" {
+		kind = "object"
+	}
+	name := fmt.Sprintf("%q", req.Name)
+	if req.Name == "" {
+		name = "(name not yet set)"
+	}
+	s := fmt.Sprintf("%s %s in namespace %q", kind, name, req.Namespace)
+	if req.SubResource != "" {
+		s = req.SubResource + " of " + s
+	}
+	return s
 }
 
 // respond turns a decision into a response: deny-level reasons refuse,
