@@ -3,6 +3,7 @@ package admission
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"path"
 	"reflect"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -69,6 +71,9 @@ type podObject struct {
 	// Meta is the pod's metadata: the pod itself or the template's.
 	Meta metav1.ObjectMeta
 	Spec corev1.PodSpec
+	// SpecPath is the field path of Spec in the object ("spec",
+	// "spec.template.spec", ...), for errors that name a field.
+	SpecPath string
 }
 
 // podOf decodes raw as gvk and returns the pod it describes.
@@ -83,9 +88,10 @@ func podOf(gvk schema.GroupVersionKind, raw []byte) (podObject, error) {
 		return nil
 	}
 	var (
-		out  podObject
-		meta metav1.ObjectMeta
-		tmpl corev1.PodTemplateSpec
+		out      podObject
+		meta     metav1.ObjectMeta
+		tmpl     corev1.PodTemplateSpec
+		specPath = "spec.template.spec"
 	)
 	switch gvk {
 	case kindPod:
@@ -94,6 +100,7 @@ func podOf(gvk schema.GroupVersionKind, raw []byte) (podObject, error) {
 			return out, err
 		}
 		meta, tmpl = o.ObjectMeta, corev1.PodTemplateSpec{ObjectMeta: o.ObjectMeta, Spec: o.Spec}
+		specPath = "spec"
 	case kindDeployment:
 		var o appsv1.Deployment
 		if err := decode(&o); err != nil {
@@ -130,10 +137,11 @@ func podOf(gvk schema.GroupVersionKind, raw []byte) (podObject, error) {
 			return out, err
 		}
 		meta, tmpl = o.ObjectMeta, o.Spec.JobTemplate.Spec.Template
+		specPath = "spec.jobTemplate.spec.template.spec"
 	default:
 		return out, fmt.Errorf("kind %q: %w (supported: Pod, Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob)", gvk.GroupVersion().String()+" "+gvk.Kind, ErrUnsupportedKind)
 	}
-	out = podObject{Workload: gvk.Kind, Name: meta.Name, Object: meta, Meta: tmpl.ObjectMeta, Spec: tmpl.Spec}
+	out = podObject{Workload: gvk.Kind, Name: meta.Name, Object: meta, Meta: tmpl.ObjectMeta, Spec: tmpl.Spec, SpecPath: specPath}
 	if out.Name == "" {
 		out.Name = meta.GenerateName
 	}
@@ -172,6 +180,13 @@ func inputFor(namespace string, pod podObject, handlers HandlerResolver) (policy
 			handler = h
 		}
 		in.Pod.RuntimeHandler = handler
+	}
+	specPath := pod.SpecPath
+	if specPath == "" {
+		specPath = "spec"
+	}
+	if err := checkResources(specPath, pod.Spec); err != nil {
+		return in, err
 	}
 	in.Pod.Volumes, in.Pod.Sysctls = volumesOf(pod.Spec.Volumes), sysctlsOf(pod.Spec.SecurityContext)
 	hostPaths := hostPathVolumes(pod.Spec.Volumes)
@@ -233,8 +248,83 @@ func inputFor(namespace string, pod podObject, handlers HandlerResolver) (policy
 	if err != nil {
 		return in, err
 	}
+	if req.MemoryBytes > maxMemoryBytes {
+		return in, fmt.Errorf("%s.containers[*].resources.limits.memory: the pod's memory limits add up to %s, more than any node has (at most %s)",
+			specPath, bytesString(req.MemoryBytes), resource.NewQuantity(maxMemoryBytes, resource.BinarySI))
+	}
 	in.Request = req
 	return in, nil
+}
+
+// maxMemoryBytes bounds a container's memory limit and the pod's total: 1
+// PiB, far above the largest single machines sold (tens of TiB). Anything
+// larger is a mistake or an attack on the arithmetic (two 4Ei limits once
+// wrapped the pod's int64 total to a negative number), so it is refused
+// rather than judged.
+const maxMemoryBytes = 1 << 50
+
+// bytesString writes n bytes as a quantity, "saturated" when the sum hit
+// the int64 ceiling.
+func bytesString(n int64) string {
+	if n == math.MaxInt64 {
+		return "more than 8Ei (the sum saturated)"
+	}
+	return resource.NewQuantity(n, resource.BinarySI).String()
+}
+
+// checkResources refuses the resource quantities Bulkhead reads (memory,
+// nvidia.com/gpu, nvidia.com/mig-*) when they are negative or beyond any
+// real node, naming the field. Quantity.Value is no guide to size: it
+// returns 0 for 1e30, so a bound is checked on the quantity itself.
+func checkResources(specPath string, spec corev1.PodSpec) error {
+	check := func(field string, c corev1.ResourceRequirements) error {
+		for _, list := range []struct {
+			name string
+			rl   corev1.ResourceList
+		}{{"limits", c.Limits}, {"requests", c.Requests}} {
+			for name, q := range list.rl {
+				var bound *resource.Quantity
+				switch {
+				case name == corev1.ResourceMemory:
+					bound = resource.NewQuantity(maxMemoryBytes, resource.BinarySI)
+				case name == resourceGPU || strings.HasPrefix(string(name), resourceMIGPrefix):
+					bound = resource.NewQuantity(maxGPUCount, resource.DecimalSI)
+				default:
+					continue
+				}
+				at := fmt.Sprintf("%s.resources.%s[%s]", field, list.name, name)
+				if name == corev1.ResourceMemory {
+					at = fmt.Sprintf("%s.resources.%s.memory", field, list.name)
+				}
+				if q.Sign() < 0 {
+					return fmt.Errorf("%s: %s is negative", at, q.String())
+				}
+				if q.Cmp(*bound) > 0 {
+					if name == corev1.ResourceMemory {
+						return fmt.Errorf("%s: %s is more memory than any node has (at most %s)", at, q.String(), bound)
+					}
+					return fmt.Errorf("%s: %s GPUs requested, at most %d", at, q.String(), maxGPUCount)
+				}
+			}
+		}
+		return nil
+	}
+	for i, c := range spec.InitContainers {
+		if err := check(fmt.Sprintf("%s.initContainers[%d]", specPath, i), c.Resources); err != nil {
+			return err
+		}
+	}
+	for i, c := range spec.Containers {
+		if err := check(fmt.Sprintf("%s.containers[%d]", specPath, i), c.Resources); err != nil {
+			return err
+		}
+	}
+	for i, c := range spec.EphemeralContainers {
+		if err := check(fmt.Sprintf("%s.ephemeralContainers[%d]", specPath, i), c.Resources); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // hostPathVolumes maps the names of hostPath volumes to the path each
@@ -514,18 +604,29 @@ func limitsOf(c corev1.Container) corev1.ResourceList {
 // effectiveLimit is the pod-level value Kubernetes uses for a resource:
 // the larger of the sum over app and sidecar containers and the largest
 // plain init container (sidecars are init containers that keep running).
+// The sum saturates at math.MaxInt64 and a negative value counts as 0, so
+// no set of limits can wrap it below what one container asks for.
 func effectiveLimit(spec corev1.PodSpec, get func(corev1.Container) int64) int64 {
 	var sum, initMax int64
 	for _, c := range spec.Containers {
-		sum += get(c)
+		sum = saturatingAdd(sum, max(get(c), 0))
 	}
 	for _, c := range spec.InitContainers {
-		v := get(c)
+		v := max(get(c), 0)
 		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
-			sum += v
+			sum = saturatingAdd(sum, v)
 			continue
 		}
 		initMax = max(initMax, v)
 	}
 	return max(sum, initMax)
+}
+
+// saturatingAdd is a+b for non-negative a and b, math.MaxInt64 when that
+// would overflow.
+func saturatingAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }

@@ -273,7 +273,7 @@ func (r *Reviewer) tenantUsage(ctx context.Context, namespace string, exclude ty
 		if t == tenant {
 			sum.Sandboxes += u.Sandboxes
 			sum.GPUSlices += u.GPUSlices
-			sum.MemoryBytes += u.MemoryBytes
+			sum.MemoryBytes = saturatingAdd(sum.MemoryBytes, max(u.MemoryBytes, 0))
 		}
 	}
 	return sum, nil
