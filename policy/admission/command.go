@@ -47,6 +47,17 @@ type Config struct {
 	NoUsage bool
 	// MaxBodyBytes bounds an AdmissionReview body.
 	MaxBodyBytes int64
+	// ClientCA, when set, is a PEM file of the CAs that sign the API
+	// server's client certificate; every caller must then present one.
+	ClientCA string
+	// ClientNames restricts the client certificates ClientCA verifies to
+	// these common or DNS names (empty: any it signed).
+	ClientNames []string
+	// ReadHeaderTimeout and ReadTimeout are the listener's read deadlines
+	// (ServeOptions).
+	ReadHeaderTimeout, ReadTimeout time.Duration
+	// HTTP2 also offers HTTP/2 on the webhook listener.
+	HTTP2 bool
 	// GCPercent and MemoryLimit are the garbage collector's settings,
 	// applied by ConfigureGC.
 	GCPercent   int
@@ -74,6 +85,17 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig outside a cluster (empty: in-cluster)")
 	fs.BoolVar(&c.NoUsage, "no-usage", false, "do not watch pods; quotas see zero usage")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", DefaultMaxBodyBytes, "largest AdmissionReview body accepted")
+	fs.StringVar(&c.ClientCA, "client-ca", "", "CA certificates (PEM) that sign the API server's client certificate; when set, every caller must present one (empty: no client authentication)")
+	fs.Func("client-name", "with --client-ca, an identity (subject CN or DNS name) the client certificate must carry; repeatable (default: any the CA signed)", func(v string) error {
+		if v == "" {
+			return errors.New("must not be empty")
+		}
+		c.ClientNames = append(c.ClientNames, v)
+		return nil
+	})
+	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", DefaultReadHeaderTimeout, "deadline for a request's TLS handshake and headers")
+	fs.DurationVar(&c.ReadTimeout, "read-timeout", DefaultReadTimeout, "deadline for a whole request, body included (the API server gives up after the webhook's timeoutSeconds)")
+	fs.BoolVar(&c.HTTP2, "http2", false, "also offer HTTP/2 on the webhook listener (the API server uses HTTP/1.1)")
 	fs.IntVar(&c.GCPercent, "gc-percent", DefaultGCPercent, "heap growth in percent before a collection, used while a memory limit is in force (GOGC wins)")
 	fs.StringVar(&c.MemoryLimit, "memory-limit", MemoryLimitAuto, "Go's soft memory limit: auto (90% of the container's limit), 0 (none) or a quantity such as 460Mi (GOMEMLIMIT wins)")
 	if err := fs.Parse(args); err != nil {
@@ -99,6 +121,12 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 		return c, fmt.Errorf("--max-body-bytes %d: must be positive", c.MaxBodyBytes)
 	case c.GCPercent <= 0:
 		return c, fmt.Errorf("--gc-percent %d: must be positive", c.GCPercent)
+	case len(c.ClientNames) > 0 && c.ClientCA == "":
+		return c, errors.New("--client-name needs --client-ca")
+	case c.ReadHeaderTimeout <= 0:
+		return c, fmt.Errorf("--read-header-timeout %v: must be positive", c.ReadHeaderTimeout)
+	case c.ReadTimeout <= 0:
+		return c, fmt.Errorf("--read-timeout %v: must be positive", c.ReadTimeout)
 	}
 	if _, _, err := parseMemoryLimit(c.MemoryLimit); err != nil {
 		return c, err
@@ -134,6 +162,12 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 	certs, err := NewCertReloader(c.TLSCert, c.TLSKey, logger)
 	if err != nil {
 		return err
+	}
+	var clientAuth *ClientAuth
+	if c.ClientCA != "" {
+		if clientAuth, err = LoadClientAuth(c.ClientCA, c.ClientNames); err != nil {
+			return err
+		}
 	}
 	metrics := NewMetrics()
 	metrics.observeRevision(engine.Revision())
@@ -173,8 +207,11 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 		}()
 		defer probes.Close()
 	}
-	logger.Info("bulkhead webhook serving", "addr", c.Listen, "revision", engine.Revision())
-	return Serve(ctx, ServeOptions{Addr: c.Listen, Certs: certs, Handler: h, Logger: logger})
+	logger.Info("bulkhead webhook serving", "addr", c.Listen, "revision", engine.Revision(), "client_auth", clientAuth != nil, "http2", c.HTTP2)
+	return Serve(ctx, ServeOptions{
+		Addr: c.Listen, Certs: certs, Handler: h, Logger: logger, ClientAuth: clientAuth,
+		ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout, HTTP2: c.HTTP2,
+	})
 }
 
 // probeOnly serves everything h serves except /validate, which must only

@@ -11,6 +11,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -86,8 +87,9 @@ func Handler(opts HandlerOptions) (http.Handler, error) {
 
 type validator struct {
 	opts HandlerOptions
-	// slots bounds the reviews being read, decoded, decided, encoded and
-	// sent at once to the number of CPUs. A review is CPU-bound: running more at once
+	// slots bounds the reviews being decoded, decided, encoded and sent at
+	// once to the number of CPUs; a request takes one only once its whole
+	// body has arrived. A review is CPU-bound: running more at once
 	// only interleaves them and stretches every one, while waiting here
 	// is first come, first served (a channel queues its senders in order).
 	slots chan struct{}
@@ -113,24 +115,32 @@ func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("body of %d bytes: exceeds the limit of %d bytes", r.ContentLength, v.opts.MaxBodyBytes))
 		return
 	}
-	select {
-	case v.slots <- struct{}{}:
-		defer func() { <-v.slots }()
-	case <-r.Context().Done():
-		v.fail(w, r, http.StatusServiceUnavailable, "cancelled", "request cancelled while waiting: "+r.Context().Err().Error())
-		return
-	}
+	// Read the whole (bounded) body before taking a review slot: a client
+	// that sends slowly then holds a goroutine and a small buffer, never
+	// one of the few slots every other review needs. The server's read
+	// deadlines (ServeOptions) bound how long it may take.
 	buf := bufPool.Get().(*bytes.Buffer)
 	defer bufPool.Put(buf)
 	buf.Reset()
 	n, err := buf.ReadFrom(io.LimitReader(r.Body, v.opts.MaxBodyBytes+1))
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			v.fail(w, r, http.StatusRequestTimeout, "read_timeout", "reading body: "+err.Error())
+			return
+		}
 		v.fail(w, r, http.StatusBadRequest, "malformed", "reading body: "+err.Error())
 		return
 	}
 	if n > v.opts.MaxBodyBytes {
 		v.fail(w, r, http.StatusRequestEntityTooLarge, "too_large",
 			fmt.Sprintf("body: exceeds the limit of %d bytes", v.opts.MaxBodyBytes))
+		return
+	}
+	select {
+	case v.slots <- struct{}{}:
+		defer func() { <-v.slots }()
+	case <-r.Context().Done():
+		v.fail(w, r, http.StatusServiceUnavailable, "cancelled", "request cancelled while waiting: "+r.Context().Err().Error())
 		return
 	}
 	start := time.Now()
@@ -183,6 +193,18 @@ func (v *validator) fail(w http.ResponseWriter, r *http.Request, code int, reaso
 	http.Error(w, "bulkhead webhook: "+msg, code)
 }
 
+// Read deadlines of the webhook's listener. The API server sends a whole
+// AdmissionReview at once and gives up after the webhook's timeoutSeconds
+// (5 s in deploy/webhook), so a request still arriving after that is
+// answered to nobody: cut it off instead of holding a connection for it.
+const (
+	// DefaultReadHeaderTimeout bounds the TLS handshake and the request
+	// line and headers.
+	DefaultReadHeaderTimeout = 3 * time.Second
+	// DefaultReadTimeout bounds the whole request, headers and body.
+	DefaultReadTimeout = 5 * time.Second
+)
+
 // ServeOptions configure Serve.
 type ServeOptions struct {
 	// Addr is the listen address, such as ":8443"; ignored with Listener.
@@ -193,6 +215,21 @@ type ServeOptions struct {
 	Certs *CertReloader
 	// Handler is the webhook's handler (see Handler); required.
 	Handler http.Handler
+	// ClientAuth, when set, makes every connection present a client
+	// certificate that it verifies (the API server's); nil accepts any
+	// client, as the TLS layer alone does.
+	ClientAuth *ClientAuth
+	// ReadHeaderTimeout bounds the handshake and headers of a request;
+	// 0 means DefaultReadHeaderTimeout.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds the whole request, body included; 0 means
+	// DefaultReadTimeout.
+	ReadTimeout time.Duration
+	// HTTP2 also offers HTTP/2. Off by default, as in controller-runtime:
+	// the API server speaks HTTP/1.1 to webhooks, and HTTP/2 adds the
+	// stream-level denial-of-service surface of net/http's h2 server
+	// (rapid reset, CONTINUATION floods) for no gain.
+	HTTP2 bool
 	// Logger receives server errors; nil discards.
 	Logger *slog.Logger
 }
@@ -202,17 +239,33 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 	if opts.Certs == nil || opts.Handler == nil {
 		return errors.New("admission: ServeOptions.Certs and Handler are required")
 	}
+	if opts.ReadHeaderTimeout < 0 || opts.ReadTimeout < 0 {
+		return fmt.Errorf("admission: ServeOptions.ReadHeaderTimeout %v and ReadTimeout %v must not be negative", opts.ReadHeaderTimeout, opts.ReadTimeout)
+	}
+	if opts.ReadHeaderTimeout == 0 {
+		opts.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if opts.ReadTimeout == 0 {
+		opts.ReadTimeout = DefaultReadTimeout
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	tlsConfig := opts.Certs.TLSConfig()
+	opts.ClientAuth.apply(tlsConfig)
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(opts.HTTP2)
 	srv := &http.Server{
 		Addr:              opts.Addr,
 		Handler:           opts.Handler,
-		TLSConfig:         opts.Certs.TLSConfig(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
+		TLSConfig:         tlsConfig,
+		Protocols:         &protocols,
+		ReadHeaderTimeout: opts.ReadHeaderTimeout,
+		ReadTimeout:       opts.ReadTimeout,
+		WriteTimeout:      2 * opts.ReadTimeout,
 		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 	}
 	ln := opts.Listener
