@@ -40,7 +40,7 @@ func NewMetrics() *Metrics {
 		Registry: prometheus.NewRegistry(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bulkhead_webhook_decisions_total",
-			Help: "Admission reviews answered, by result (allowed, denied, error) and object kind.",
+			Help: "Admission reviews answered, by result (allowed, denied, error) and object kind (the reviewed kinds by name, every other as \"other\").",
 		}, []string{"result", "kind"}),
 		rules: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bulkhead_webhook_rule_hits_total",
@@ -53,7 +53,7 @@ func NewMetrics() *Metrics {
 		}),
 		badRequest: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bulkhead_webhook_bad_requests_total",
-			Help: "Requests refused before review, by reason (method, content_type, too_large, malformed).",
+			Help: "Requests refused before review, by reason (method, content_type, too_large, read_timeout, malformed, cancelled, encode).",
 		}, []string{"reason"}),
 		revision: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "bulkhead_webhook_bundle_revision_info",
@@ -65,9 +65,31 @@ func NewMetrics() *Metrics {
 	return m
 }
 
+// KindOther is the kind label of every decision about a kind the webhook
+// does not review: the kind comes from the request, and a label value per
+// made-up kind would grow the series without bound.
+const KindOther = "other"
+
+// kindLabels are the kind label values: the kinds Review judges, by name.
+var kindLabels = func() map[string]string {
+	out := map[string]string{}
+	for _, k := range SupportedKinds() {
+		out[k.Kind] = k.Kind
+	}
+	return out
+}()
+
+// kindLabel bounds the kind label to the reviewed kinds and KindOther.
+func kindLabel(kind string) string {
+	if l, ok := kindLabels[kind]; ok {
+		return l
+	}
+	return KindOther
+}
+
 func (m *Metrics) observeDecision(result, kind string) {
 	if m != nil {
-		m.decisions.WithLabelValues(result, kind).Inc()
+		m.decisions.WithLabelValues(result, kindLabel(kind)).Inc()
 	}
 }
 
