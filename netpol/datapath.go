@@ -39,11 +39,20 @@ const (
 	// ReasonCluster: an in-cluster or link-local address that no tenant owns
 	// and that is not a shared service of the pod's tier.
 	ReasonCluster
+	// ReasonND: neighbour discovery or MLD that a host has no business
+	// sending or receiving: a router advertisement or redirect from a pod or
+	// not from the node's router, a hop limit other than 255, a destination
+	// that is not a neighbour-discovery address, a solicitation for an
+	// address that is not the pod's.
+	ReasonND
+	// ReasonDst: a packet delivered to the pod whose destination is not the
+	// pod's own address, broadcast or multicast.
+	ReasonDst
 
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"malformed", "ethertype", "spoof", "tenant", "rdma", "metadata", "egress", "cluster"}
+var reasonNames = [numReasons]string{"malformed", "ethertype", "spoof", "tenant", "rdma", "metadata", "egress", "cluster", "nd", "dst"}
 
 func (r Reason) String() string {
 	if r < numReasons {
@@ -75,6 +84,11 @@ const (
 	flagRemote = 1 << 5
 	// flagClsact records that the endpoint's programs are clsact filters, not TCX links.
 	flagClsact = 1 << 6
+	// flagHasLinkLocal: endpointValue.LinkLocal holds the pod's IPv6 link-local address.
+	flagHasLinkLocal = 1 << 7
+	// flagHasRouter: endpointValue.Router holds the node's link-local address,
+	// the only source of router advertisements, redirects and MLD queries.
+	flagHasRouter = 1 << 8
 )
 
 // Map names; each map is pinned under Options.PinDir with this name.
@@ -106,24 +120,34 @@ const (
 )
 
 // endpointValue is the endpoints map value, keyed by the host-side ifindex.
-// The programs read the first 32 bytes; the rest is bookkeeping for the Manager.
+// The programs read the first 72 bytes; the rest is bookkeeping for the Manager.
 type endpointValue struct {
-	Tenant  uint32
-	Flags   uint32
-	Tier    uint32
-	IPv4    [4]byte
-	IPv6    [16]byte
-	Ifname  [16]byte
-	Sandbox [sandboxLen]byte
+	Tenant    uint32
+	Flags     uint32
+	Tier      uint32
+	IPv4      [4]byte
+	IPv6      [16]byte
+	LinkLocal [16]byte
+	Router    [16]byte
+	MAC       [6]byte
+	_         [2]byte
+	Ifname    [16]byte
+	Sandbox   [sandboxLen]byte
 }
+
+// endpointValueSize is the size of endpointValue in the map.
+const endpointValueSize = 152
 
 // Offsets into endpointValue read by the programs.
 const (
-	epTenant = 0
-	epFlags  = 4
-	epTier   = 8
-	epIPv4   = 12
-	epIPv6   = 16
+	epTenant    = 0
+	epFlags     = 4
+	epTier      = 8
+	epIPv4      = 12
+	epIPv6      = 16
+	epLinkLocal = 32
+	epRouter    = 48
+	epMAC       = 64
 )
 
 // owner is the value of the tenant LPM tries: who owns an address.
@@ -172,7 +196,7 @@ func mapSpecs(pin bool) map[string]*ebpf.MapSpec {
 			MaxEntries: maxPrefixes, Flags: flagNoPrealloc, Pinning: pinning}
 	}
 	specs := []*ebpf.MapSpec{
-		{Name: mapEndpoints, Type: ebpf.Hash, KeySize: 4, ValueSize: 112, MaxEntries: maxEndpoints,
+		{Name: mapEndpoints, Type: ebpf.Hash, KeySize: 4, ValueSize: endpointValueSize, MaxEntries: maxEndpoints,
 			Flags: flagNoPrealloc, Pinning: pinning},
 		lpm(mapTenantV4, 8, 12),
 		lpm(mapTenantV6, 20, 12),
@@ -305,10 +329,21 @@ func fenceProgram(dir Direction) asm.Instructions {
 	p.need(asm.R2, ethHdrLen)
 	p.emit(
 		asm.LoadMem(asm.R1, asm.R2, 12, asm.Half),
+		asm.JEq.Imm(asm.R1, be16(ethTypeIPv4), "l2"),
+		asm.JEq.Imm(asm.R1, be16(ethTypeIPv6), "l2"),
+		asm.JEq.Imm(asm.R1, be16(ethTypeARP), "l2"),
+		asm.Ja.Label(p.dropLabel(ReasonEthertype)),
+	)
+	p.at("l2")
+	if dir == FromPod {
+		// The pod sends only from its own MAC: a frame from another pod's
+		// would teach the bridge to deliver that pod's traffic here.
+		p.macDiffers(asm.R2, 6, p.dropLabel(ReasonSpoof))
+	}
+	p.emit(
 		asm.JEq.Imm(asm.R1, be16(ethTypeIPv4), "ipv4"),
 		asm.JEq.Imm(asm.R1, be16(ethTypeIPv6), "ipv6"),
-		asm.JEq.Imm(asm.R1, be16(ethTypeARP), "arp"),
-		asm.Ja.Label(p.dropLabel(ReasonEthertype)),
+		asm.Ja.Label("arp"),
 	)
 	p.arp(dir)
 	p.ipv4(dir)
@@ -427,19 +462,91 @@ func (p *prog) linkLocalV6(r asm.Register, off int16, label string) {
 	)
 }
 
+// macDiffers jumps to label unless the 6 bytes at r+off are the endpoint's
+// MAC. Clobbers R4 and R5.
+func (p *prog) macDiffers(r asm.Register, off int16, label string) {
+	p.emit(
+		asm.LoadMem(asm.R4, r, off, asm.Word),
+		asm.LoadMem(asm.R5, asm.R7, epMAC, asm.Word),
+		asm.JNE.Reg32(asm.R4, asm.R5, label),
+		asm.LoadMem(asm.R4, r, off+4, asm.Half),
+		asm.LoadMem(asm.R5, asm.R7, epMAC+4, asm.Half),
+		asm.JNE.Reg32(asm.R4, asm.R5, label),
+	)
+}
+
+// unspecifiedV6 jumps to label when the address at r+off is ::. Clobbers R1.
+func (p *prog) unspecifiedV6(r asm.Register, off int16, label string) {
+	notZero := p.newLabel("not_zero")
+	for i := range int16(4) {
+		p.emit(
+			asm.LoadMem(asm.R1, r, off+4*i, asm.Word),
+			asm.JNE.Imm32(asm.R1, 0, notZero),
+		)
+	}
+	p.emit(asm.Ja.Label(label))
+	p.at(notZero)
+}
+
+// ownAddressV6 jumps to ok when the IPv6 address at r+off is the endpoint's
+// own global or link-local address, and to fail otherwise. Clobbers R1, R5.
+func (p *prog) ownAddressV6(r asm.Register, off int16, ok, fail string) {
+	notGlobal := p.newLabel("not_global")
+	p.flagClear(flagHasIPv6, notGlobal)
+	p.wordsDiffer(r, off, asm.R7, epIPv6, notGlobal)
+	p.emit(asm.Ja.Label(ok))
+	p.at(notGlobal)
+	p.flagClear(flagHasLinkLocal, fail)
+	p.wordsDiffer(r, off, asm.R7, epLinkLocal, fail)
+	p.emit(asm.Ja.Label(ok))
+}
+
+// fromRouter passes the packet when its IPv6 source is the node's router
+// link-local address and drops it (nd) otherwise. Clobbers R1, R5.
+func (p *prog) fromRouter() {
+	nd := p.dropLabel(ReasonND)
+	p.flagClear(flagHasRouter, nd)
+	p.wordsDiffer(asm.R2, ethHdrLen+8, asm.R7, epRouter, nd)
+	p.emit(asm.Ja.Label("pass"))
+}
+
 func (p *prog) arp(dir Direction) {
 	p.at("arp")
+	p.need(asm.R2, ethHdrLen+28)
+	// Ethernet and IPv4 addresses of the usual sizes, or the addresses read
+	// below are not where the receiver reads them.
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen, asm.Word),
+		asm.JNE.Imm32(asm.R1, be32(0x0001_0800), p.dropLabel(ReasonMalformed)),
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+4, asm.Half),
+		asm.JNE.Imm32(asm.R1, be16(0x0604), p.dropLabel(ReasonMalformed)),
+		asm.LoadMem(asm.R8, asm.R2, ethHdrLen+14, asm.Word), // sender IPv4
+	)
 	if dir == ToPod {
-		p.emit(asm.Ja.Label("pass"))
+		// Only ARP for the pod's own address reaches it, and not from
+		// another tenant's pod (their sender address is their own: checked
+		// on their side).
+		p.flagClear(flagHasIPv4, p.dropLabel(ReasonDst))
+		p.emit(
+			asm.LoadMem(asm.R1, asm.R2, ethHdrLen+24, asm.Word),
+			asm.LoadMem(asm.R5, asm.R7, epIPv4, asm.Word),
+			asm.JNE.Reg32(asm.R1, asm.R5, p.dropLabel(ReasonDst)),
+			asm.JEq.Imm32(asm.R8, 0, "pass"),
+			asm.Mov.Imm(asm.R9, 0),
+			asm.StoreImm(asm.RFP, stKeyV4, 32, asm.Word),
+			asm.StoreMem(asm.RFP, stKeyV4+4, asm.R8, asm.Word),
+		)
+		p.lookup(mapTenantV4, stKeyV4)
+		p.emit(
+			asm.JNE.Imm(asm.R0, 0, "tenant_match"),
+			asm.Ja.Label("pass"),
+		)
 		return
 	}
-	// ARP works, but a pod may only announce its own IPv4 address (or none,
-	// for a probe): the sender protocol address sits at bytes 28..31.
-	p.need(asm.R2, ethHdrLen+28)
-	p.emit(
-		asm.LoadMem(asm.R8, asm.R2, 28, asm.Word),
-		asm.JEq.Imm32(asm.R8, 0, "pass"),
-	)
+	// From the pod: its own MAC as sender hardware address, and its own
+	// IPv4 address (or none, for a probe) as sender protocol address.
+	p.macDiffers(asm.R2, ethHdrLen+8, p.dropLabel(ReasonSpoof))
+	p.emit(asm.JEq.Imm32(asm.R8, 0, "pass"))
 	p.flagClear(flagHasIPv4, p.dropLabel(ReasonSpoof))
 	p.emit(
 		asm.LoadMem(asm.R1, asm.R7, epIPv4, asm.Word),
@@ -473,6 +580,18 @@ func (p *prog) ipv4(dir Direction) {
 			asm.LoadMem(asm.R8, asm.R2, ethHdrLen+16, asm.Word),
 		)
 	} else {
+		// To the pod: its own address, broadcast or multicast. Anything else
+		// reached its port because the bridge flooded it or was misled.
+		p.flagClear(flagHasIPv4, p.dropLabel(ReasonDst))
+		p.emit(
+			asm.LoadMem(asm.R1, asm.R2, ethHdrLen+16, asm.Word),
+			asm.JEq.Imm32(asm.R1, -1, "v4_dst_ok"),
+			asm.LoadMem(asm.R5, asm.R7, epIPv4, asm.Word),
+			asm.JEq.Reg32(asm.R1, asm.R5, "v4_dst_ok"),
+			asm.And.Imm32(asm.R1, be32(0xf000_0000)),
+			asm.JNE.Imm32(asm.R1, be32(0xe000_0000), p.dropLabel(ReasonDst)),
+		)
+		p.at("v4_dst_ok")
 		p.emit(asm.LoadMem(asm.R8, asm.R2, ethHdrLen+12, asm.Word))
 	}
 	// RoCEv2: UDP to port 4791, in the first fragment (later ones carry no
@@ -542,6 +661,17 @@ func (p *prog) ipv6(dir Direction) {
 		asm.LoadMem(asm.R1, asm.R2, ethHdrLen, asm.Byte),
 		asm.RSh.Imm(asm.R1, 4),
 		asm.JNE.Imm(asm.R1, 6, p.dropLabel(ReasonMalformed)),
+	)
+	if dir == ToPod {
+		// To the pod: its own global or link-local address, or multicast.
+		p.emit(
+			asm.LoadMem(asm.R1, asm.R2, ethHdrLen+24, asm.Byte),
+			asm.JEq.Imm(asm.R1, 0xff, "v6_dst_ok"),
+		)
+		p.ownAddressV6(asm.R2, ethHdrLen+24, "v6_dst_ok", p.dropLabel(ReasonDst))
+		p.at("v6_dst_ok")
+	}
+	p.emit(
 		asm.Mov.Imm(asm.R9, 0),
 		asm.LoadMem(asm.R5, asm.R2, ethHdrLen+6, asm.Byte),
 		asm.Mov.Reg(asm.R4, asm.R2),
@@ -603,29 +733,26 @@ func (p *prog) ipv6(dir Direction) {
 		asm.Ja.Label("v6_addrs"),
 	)
 
-	// Neighbour discovery (133-137) and MLD (130-132, 143) work; they are
-	// link-scoped and use link-local or unspecified sources.
+	// ICMPv6 for the link: MLD (130-132, 143) and neighbour discovery
+	// (133-137, RFC 4861). R8 holds the type.
 	p.at("icmp6")
 	p.need(asm.R4, 4)
 	p.emit(
-		asm.LoadMem(asm.R1, asm.R4, 0, asm.Byte),
-		asm.JEq.Imm(asm.R1, 143, "nd"),
-		asm.JLT.Imm(asm.R1, 130, "v6_addrs"),
-		asm.JGT.Imm(asm.R1, 137, "v6_addrs"),
+		asm.LoadMem(asm.R8, asm.R4, 0, asm.Byte),
+		asm.JEq.Imm(asm.R8, 143, "mld"),
+		asm.JLT.Imm(asm.R8, 130, "v6_addrs"),
+		asm.JGT.Imm(asm.R8, 137, "v6_addrs"),
+		asm.JLT.Imm(asm.R8, 133, "mld"),
+		// Hop limit 255 proves the message was not forwarded onto the link.
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+7, asm.Byte),
+		asm.JNE.Imm(asm.R1, 255, p.dropLabel(ReasonND)),
 	)
-	p.at("nd")
-	if dir == ToPod {
-		p.emit(asm.Ja.Label("pass"))
+	if dir == FromPod {
+		p.ndFromPod()
 	} else {
-		// From the pod: the source is unspecified, link-local or the pod's own,
-		// and a neighbour advertisement only claims such an address.
-		p.emit(asm.Mov.Reg(asm.R8, asm.R1)) // ICMPv6 type
-		p.ndAddress(asm.R2, ethHdrLen+8, "nd_src_ok")
-		p.at("nd_src_ok")
-		p.emit(asm.JNE.Imm(asm.R8, 136, "pass"))
-		p.need(asm.R4, 24)
-		p.ndAddress(asm.R4, 8, "pass")
+		p.ndToPod()
 	}
+	p.mld(dir)
 
 	p.at("v6_addrs")
 	if dir == FromPod {
@@ -682,24 +809,107 @@ func (p *prog) ipv6(dir Direction) {
 	)
 }
 
-// ndAddress jumps to ok when the IPv6 address at r+off is unspecified,
-// link-local or the endpoint's own, and drops the packet as spoofed otherwise.
-func (p *prog) ndAddress(r asm.Register, off int16, ok string) {
-	notZero, notOwn := p.newLabel("nd_not_zero"), p.newLabel("nd_not_own")
-	p.linkLocalV6(r, off, ok)
-	for i := range int16(4) {
-		p.emit(
-			asm.LoadMem(asm.R1, r, off+4*i, asm.Word),
-			asm.JNE.Imm32(asm.R1, 0, notZero),
-		)
+// ndFromPod judges neighbour discovery the pod sends. A pod is a host: it
+// solicits routers and neighbours and advertises its own addresses, from its
+// own addresses, to neighbour-discovery destinations. Anything sent to a
+// global unicast address is judged like any other packet to that peer.
+func (p *prog) ndFromPod() {
+	nd, spoof := p.dropLabel(ReasonND), p.dropLabel(ReasonSpoof)
+	p.emit(
+		// No router advertisements, no redirects.
+		asm.JEq.Imm(asm.R8, 134, nd),
+		asm.JEq.Imm(asm.R8, 137, nd),
+	)
+	// Source: unspecified (duplicate address detection) or the pod's own.
+	p.unspecifiedV6(asm.R2, ethHdrLen+8, "nd_src_ok")
+	p.ownAddressV6(asm.R2, ethHdrLen+8, "nd_src_ok", spoof)
+	p.at("nd_src_ok")
+	// An advertisement claims only the pod's own address.
+	p.emit(asm.JNE.Imm(asm.R8, 136, "nd_dst"))
+	p.need(asm.R4, 24)
+	p.ownAddressV6(asm.R4, 8, "nd_dst", spoof)
+	// Destination: link-local unicast, all-nodes ff02::1, all-routers
+	// ff02::2 or a solicited-node group ff02::1:ffXX:XXXX; no other group.
+	p.at("nd_dst")
+	p.linkLocalV6(asm.R2, ethHdrLen+24, "pass")
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+24, asm.Byte),
+		asm.JNE.Imm(asm.R1, 0xff, "v6_addrs"),
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+24, asm.Word),
+		asm.JNE.Imm32(asm.R1, be32(0xff02_0000), nd),
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+28, asm.Word),
+		asm.JNE.Imm32(asm.R1, 0, nd),
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+32, asm.Word),
+		asm.JEq.Imm32(asm.R1, be32(1), "nd_solicited"),
+		asm.JNE.Imm32(asm.R1, 0, nd),
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+36, asm.Word),
+		asm.JEq.Imm32(asm.R1, be32(1), "pass"),
+		asm.JEq.Imm32(asm.R1, be32(2), "pass"),
+		asm.Ja.Label(nd),
+	)
+	p.at("nd_solicited")
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+36, asm.Byte),
+		asm.JEq.Imm(asm.R1, 0xff, "pass"),
+		asm.Ja.Label(nd),
+	)
+}
+
+// ndToPod judges neighbour discovery delivered to the pod (its destination
+// is already the pod's own address or a group). Router advertisements and
+// redirects come only from the node's router address; solicitations only
+// for the pod's own addresses; solicitations and advertisements from a pod
+// only from one of the same tenant.
+func (p *prog) ndToPod() {
+	nd := p.dropLabel(ReasonND)
+	p.emit(
+		asm.JEq.Imm(asm.R8, 133, nd),
+		asm.JEq.Imm(asm.R8, 134, "nd_router"),
+		asm.JEq.Imm(asm.R8, 137, "nd_router"),
+	)
+	// From :: it is another host's duplicate address detection: not for
+	// the pod, or a claim on the pod's own address.
+	p.unspecifiedV6(asm.R2, ethHdrLen+8, nd)
+	p.emit(asm.JNE.Imm(asm.R8, 135, "nd_peer"))
+	p.need(asm.R4, 24)
+	p.ownAddressV6(asm.R4, 8, "nd_peer", nd)
+	// A pod's source is its own address (checked on its side), so the
+	// tenant tries (which hold pods' link-local addresses too) say whose
+	// it is; an address no tenant owns is the node's.
+	p.at("nd_peer")
+	p.emit(asm.StoreImm(asm.RFP, stKeyV6, 128, asm.Word))
+	p.copyWords(asm.RFP, stKeyV6+4, asm.R2, ethHdrLen+8, 4)
+	p.lookup(mapTenantV6, stKeyV6)
+	p.emit(
+		asm.JNE.Imm(asm.R0, 0, "tenant_match"),
+		asm.Ja.Label("pass"),
+	)
+	p.at("nd_router")
+	p.fromRouter()
+}
+
+// mld judges multicast listener discovery (R8 holds the type). A pod
+// reports its groups, from :: or its own link-local address, to a group; it
+// receives only the node's queries.
+func (p *prog) mld(dir Direction) {
+	nd := p.dropLabel(ReasonND)
+	p.at("mld")
+	if dir == ToPod {
+		p.emit(asm.JNE.Imm(asm.R8, 130, nd))
+		p.fromRouter()
+		return
 	}
-	p.emit(asm.Ja.Label(ok))
-	p.at(notZero)
-	p.flagClear(flagHasIPv6, p.dropLabel(ReasonSpoof))
-	p.wordsDiffer(r, off, asm.R7, epIPv6, notOwn)
-	p.emit(asm.Ja.Label(ok))
-	p.at(notOwn)
-	p.emit(asm.Ja.Label(p.dropLabel(ReasonSpoof)))
+	spoof := p.dropLabel(ReasonSpoof)
+	p.emit(asm.JEq.Imm(asm.R8, 130, nd))
+	p.unspecifiedV6(asm.R2, ethHdrLen+8, "mld_src_ok")
+	p.flagClear(flagHasLinkLocal, spoof)
+	p.wordsDiffer(asm.R2, ethHdrLen+8, asm.R7, epLinkLocal, spoof)
+	p.at("mld_src_ok")
+	p.emit(
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+24, asm.Byte),
+		asm.JEq.Imm(asm.R1, 0xff, "pass"),
+		asm.Ja.Label(nd),
+	)
 }
 
 // tenantMatch handles a peer that a tenant owns: R0 points at its owner.

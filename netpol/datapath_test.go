@@ -66,6 +66,8 @@ func loadFixture(t testing.TB) *datapath {
 		{"10.9.0.0/16", owner{Tenant: tenantB, Flags: flagRemote | flagRDMA}},
 		{sameRDMAv6 + "/128", owner{Tenant: tenantA, Flags: flagRDMA, Ifindex: 100}},
 		{otherV6 + "/128", owner{Tenant: tenantB, Flags: flagRDMA, Ifindex: 102}},
+		{sameLL + "/128", owner{Tenant: tenantA, Ifindex: 100}},
+		{otherLL + "/128", owner{Tenant: tenantB, Ifindex: 102}},
 	}
 	for _, o := range owners {
 		if err := d.putOwner(netip.MustParsePrefix(o.prefix), o.o); err != nil {
@@ -88,6 +90,7 @@ func podEndpoint(mod func(*Endpoint)) Endpoint {
 		SandboxID: "sandbox-a", Ifindex: loIfindex, Tenant: "a", Tier: "standard",
 		IPv4: netip.MustParseAddr(podV4), IPv6: netip.MustParseAddr(podV6),
 	}
+	fixtureL2(&e)
 	if mod != nil {
 		mod(&e)
 	}
@@ -178,14 +181,61 @@ func verdictCases() []verdictCase {
 		pass("arp request", FromPod, nil, arp(podV4, sameV4)),
 		pass("arp probe", FromPod, nil, arp("0.0.0.0", podV4)),
 		drop("arp spoofed sender", FromPod, nil, arp(otherV4, sameV4), ReasonSpoof),
-		pass("arp to pod", ToPod, nil, arp(otherV4, podV4)),
-		pass("nd neighbour solicitation link-local", FromPod, nil, ipv6("fe80::1", "ff02::1:ff00:2", 58, icmp6(135, "fd00::2"))),
-		pass("nd dad from unspecified", FromPod, nil, ipv6("::", "ff02::1:ff00:1", 58, icmp6(135, podV6))),
-		pass("nd advertisement own address", FromPod, nil, ipv6(podV6, "fe80::2", 58, icmp6(136, podV6))),
-		drop("nd advertisement claims other pod", FromPod, nil, ipv6(podV6, "fe80::2", 58, icmp6(136, otherV6)), ReasonSpoof),
-		drop("nd from spoofed global source", FromPod, nil, ipv6(otherV6, "ff02::1", 58, icmp6(135, podV6)), ReasonSpoof),
-		pass("nd router advertisement to pod", ToPod, nil, ipv6("fe80::1", "ff02::1", 58, icmp6(134, ""))),
-		pass("mld report", FromPod, nil, ipv6("fe80::1", "ff02::16", 58, icmp6(143, ""), ext{kind: 0})),
+		pass("arp to pod from same tenant", ToPod, nil, arp(sameV4, podV4)),
+		pass("arp to pod from the node", ToPod, nil, arp("10.0.0.254", podV4)),
+		pass("nd neighbour solicitation link-local", FromPod, nil, nd6(podLL, "ff02::1:ff00:2", 135, "fd00::2")),
+		pass("nd dad from unspecified", FromPod, nil, nd6("::", "ff02::1:ff00:1", 135, podV6)),
+		pass("nd advertisement own address", FromPod, nil, nd6(podV6, "fe80::2", 136, podV6)),
+		pass("nd advertisement own link-local to all nodes", FromPod, nil, nd6(podLL, "ff02::1", 136, podLL)),
+		pass("nd router solicitation", FromPod, nil, nd6(podLL, "ff02::2", 133, "")),
+		pass("nd unicast solicitation same tenant", FromPod, nil, nd6(podV6, sameRDMAv6, 135, sameRDMAv6)),
+		drop("nd advertisement claims other pod", FromPod, nil, nd6(podV6, "fe80::2", 136, otherV6), ReasonSpoof),
+		drop("nd from spoofed global source", FromPod, nil, nd6(otherV6, "ff02::1", 135, podV6), ReasonSpoof),
+		pass("nd router advertisement to pod", ToPod, nil, nd6(routerLL, "ff02::1", 134, "")),
+		pass("nd redirect to pod from router", ToPod, nil, nd6(routerLL, podLL, 137, sameRDMAv6)),
+		pass("nd solicitation to pod from same tenant", ToPod, nil, nd6(sameLL, "ff02::1:ff00:1", 135, podV6)),
+		pass("nd solicitation to pod from the node", ToPod, nil, nd6(routerLL, podV6, 135, podV6)),
+		pass("nd advertisement to pod from the node", ToPod, nil, nd6(nodeV6, podLL, 136, nodeV6)),
+		pass("mld report", FromPod, nil, hopLimit(1, ipv6(podLL, "ff02::16", 58, icmp6(143, ""), ext{kind: 0}))),
+		pass("mld query to pod from router", ToPod, nil, hopLimit(1, ipv6(routerLL, "ff02::1", 58, icmp6(130, ""), ext{kind: 0}))),
+		// Issue 13: layer 2 and neighbour discovery attacks.
+		drop("nd solicitation to other tenant carries data", FromPod, nil, nd6(podV6, otherV6, 135, otherV6), ReasonTenant),
+		drop("nd advertisement to other tenant carries data", FromPod, nil, nd6(podV6, otherV6, 136, podV6), ReasonTenant),
+		drop("nd solicitation to pod from other tenant", ToPod, nil, nd6(otherV6, "ff02::1:ff00:1", 135, podV6), ReasonTenant),
+		drop("nd advertisement to pod from other tenant link-local", ToPod, nil, nd6(otherLL, podLL, 136, otherLL), ReasonTenant),
+		drop("nd solicitation to pod for another address", ToPod, nil, nd6(sameLL, "ff02::1:ff00:5", 135, otherV6), ReasonND),
+		drop("nd dad to pod claims its address", ToPod, nil, nd6("::", "ff02::1:ff00:1", 135, podV6), ReasonND),
+		drop("nd router advertisement from pod", FromPod, nil, nd6(podLL, "ff02::1", 134, ""), ReasonND),
+		drop("nd redirect from pod", FromPod, nil, nd6(podLL, "fe80::2", 137, sameRDMAv6), ReasonND),
+		drop("nd router advertisement to pod from other pod", ToPod, nil, nd6(otherLL, "ff02::1", 134, ""), ReasonND),
+		drop("nd router advertisement to pod from same tenant", ToPod, nil, nd6(sameLL, "ff02::1", 134, ""), ReasonND),
+		drop("nd redirect to pod from other pod", ToPod, nil, nd6(sameLL, podLL, 137, otherV6), ReasonND),
+		drop("nd router solicitation to pod", ToPod, nil, nd6(sameLL, "ff02::2", 133, ""), ReasonND),
+		drop("nd solicitation to metadata", FromPod, noMeta, nd6(podV6, "fd00:ec2::254", 135, "fd00:ec2::254"), ReasonMetadata),
+		drop("nd solicitation to unowned cluster address", FromPod, nil, nd6(podV6, unownedV6, 135, unownedV6), ReasonCluster),
+		drop("nd solicitation past egress allow-list", FromPod, restrict, nd6(podV6, outsideV6, 135, outsideV6), ReasonEgress),
+		drop("nd advertisement claims a link-local not the pod's", FromPod, nil, nd6(podLL, "ff02::1", 136, otherLL), ReasonSpoof),
+		drop("nd solicitation from a link-local not the pod's", FromPod, nil, nd6(otherLL, "ff02::1:ff00:2", 135, sameRDMAv6), ReasonSpoof),
+		drop("nd hop limit below 255", FromPod, nil, hopLimit(64, nd6(podLL, "ff02::1:ff00:2", 135, sameRDMAv6)), ReasonND),
+		drop("nd hop limit below 255 to pod", ToPod, nil, hopLimit(254, nd6(routerLL, "ff02::1", 134, "")), ReasonND),
+		drop("nd to a group that is not neighbour discovery", FromPod, nil, nd6(podLL, "ff05::1", 135, sameRDMAv6), ReasonND),
+		drop("mld report to pod", ToPod, nil, hopLimit(1, ipv6(sameLL, "ff02::16", 58, icmp6(143, ""), ext{kind: 0})), ReasonND),
+		drop("mld query from pod", FromPod, nil, hopLimit(1, ipv6(podLL, "ff02::1", 58, icmp6(130, ""), ext{kind: 0})), ReasonND),
+		drop("mld from a link-local not the pod's", FromPod, nil, hopLimit(1, ipv6(otherLL, "ff02::16", 58, icmp6(143, ""), ext{kind: 0})), ReasonSpoof),
+		drop("mld to a unicast address", FromPod, nil, hopLimit(1, ipv6(podLL, otherLL, 58, icmp6(143, ""), ext{kind: 0})), ReasonND),
+		drop("frame from another pod's MAC", FromPod, nil, fromMAC(otherMAC, ipv4(podV4, sameV4, 6, tcp(1, 2), v4opts{})), ReasonSpoof),
+		drop("arp probe from another pod's MAC", FromPod, nil, fromMAC(otherMAC, arpFrom(otherMAC, "0.0.0.0", otherV4)), ReasonSpoof),
+		drop("arp with another pod's sender MAC", FromPod, nil, arpFrom(otherMAC, "0.0.0.0", otherV4), ReasonSpoof),
+		drop("nd from another pod's MAC", FromPod, nil, fromMAC(otherMAC, nd6("::", "ff02::1:ff00:5", 135, otherV6)), ReasonSpoof),
+		drop("arp to pod from other tenant", ToPod, nil, arp(otherV4, podV4), ReasonTenant),
+		drop("arp to pod for another address", ToPod, nil, arp(sameV4, otherV4), ReasonDst),
+		drop("v4 to pod for another address", ToPod, nil, ipv4(sameV4, otherV4, 6, tcp(1, 2), v4opts{}), ReasonDst),
+		drop("v6 to pod for another address", ToPod, nil, ipv6(sameRDMAv6, otherV6, 6, tcp(1, 2)), ReasonDst),
+		drop("v4 to a v6-only pod", ToPod, onlyV6, ipv4(sameV4, podV4, 6, tcp(1, 2), v4opts{}), ReasonDst),
+		pass("v4 broadcast to pod", ToPod, nil, ipv4(sameV4, "255.255.255.255", 17, udp(1, 2), v4opts{})),
+		pass("v4 multicast to pod", ToPod, nil, ipv4(sameV4, "224.0.0.251", 17, udp(5353, 5353), v4opts{})),
+		pass("v6 to pod's link-local address", ToPod, nil, ipv6(sameRDMAv6, podLL, 6, tcp(1, 2))),
+		pass("v6 multicast to pod", ToPod, nil, ipv6(sameRDMAv6, "ff02::fb", 17, udp(5353, 5353))),
 		// Other ethertypes and truncated frames.
 		drop("vlan tagged frame", FromPod, nil, ether(0x8100, make([]byte, 46)), ReasonEthertype),
 		drop("unknown ethertype to pod", ToPod, nil, ether(0x88b5, make([]byte, 46)), ReasonEthertype),
@@ -193,7 +243,8 @@ func verdictCases() []verdictCase {
 		short(drop("ethernet header only", ToPod, nil, ether(ethTypeIPv4, nil), ReasonMalformed)),
 		short(drop("truncated ipv6 header", FromPod, nil, ipv6(podV6, sameRDMAv6, 6, nil)[:ethHdrLen+30], ReasonMalformed)),
 		drop("truncated ipv6 extension header", FromPod, nil, ipv6(podV6, sameRDMAv6, 6, nil, ext{kind: 0})[:ethHdrLen+ipv6HdrLen+4], ReasonMalformed),
-		drop("truncated neighbour advertisement", FromPod, nil, ipv6(podV6, "fe80::2", 58, icmp6(136, podV6))[:ethHdrLen+ipv6HdrLen+12], ReasonMalformed),
+		drop("truncated neighbour advertisement", FromPod, nil, nd6(podV6, "fe80::2", 136, podV6)[:ethHdrLen+ipv6HdrLen+12], ReasonMalformed),
+		drop("arp of another hardware size", FromPod, nil, func() []byte { f := arp(podV4, sameV4); f[ethHdrLen+4] = 8; return f }(), ReasonMalformed),
 		drop("truncated udp header", FromPod, nil, ipv4(podV4, sameRDMAv4, 17, []byte{0x12}, v4opts{}), ReasonMalformed),
 		drop("truncated arp", FromPod, nil, arp(podV4, sameV4)[:ethHdrLen+20], ReasonMalformed),
 		drop("ipv4 wrong version", FromPod, nil, ipv4(podV4, sameV4, 6, tcp(1, 2), v4opts{version: 6}), ReasonMalformed),
@@ -325,7 +376,7 @@ func TestReasonString(t *testing.T) {
 	for _, tc := range []struct {
 		r    Reason
 		want string
-	}{{ReasonMalformed, "malformed"}, {ReasonCluster, "cluster"}, {Reason(42), "reason(42)"}} {
+	}{{ReasonMalformed, "malformed"}, {ReasonCluster, "cluster"}, {ReasonND, "nd"}, {ReasonDst, "dst"}, {Reason(42), "reason(42)"}} {
 		if got := tc.r.String(); got != tc.want {
 			t.Errorf("%d: %q, want %q", tc.r, got, tc.want)
 		}

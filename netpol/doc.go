@@ -7,8 +7,10 @@
 // veth is checked against the pinned maps under Options.PinDir, and passes
 // only if its peer is the same tenant, a shared service of the pod's tier,
 // or (for tiers that allow it) an allow-listed address outside the cluster;
-// and only if the pod sent it from its own address. Interfaces that are not
-// registered are never touched.
+// only if the pod sent it from its own MAC and address; and only if, towards
+// the pod, it is addressed to the pod. Link-layer protocols (ARP, neighbour
+// discovery, MLD) pass only as far as a host on a shared bridge needs them.
+// Interfaces that are not registered are never touched.
 //
 // A gVisor sandbox reaches the network through an AF_PACKET socket on its
 // veth, so socket and cgroup hooks never see its traffic: the host-side veth
@@ -23,24 +25,54 @@
 //
 //  1. Interface not in the endpoints map: next program, untouched.
 //  2. VLAN-tagged, or neither IPv4, IPv6 nor ARP: drop (ethertype).
-//  3. Truncated or malformed header: drop (malformed).
-//  4. ARP passes; from the pod only with its own IPv4 (or 0.0.0.0) as sender.
-//     IPv6 neighbour discovery and MLD pass; from the pod only from ::,
-//     link-local or its own address, and a neighbour advertisement may only
-//     claim such an address.
-//  5. From the pod, a source that is not its own address: drop (spoof).
-//  6. Peer 169.254.169.254 or fd00:ec2::254 when the tier denies metadata:
+//  3. Truncated or malformed header (ARP of other than Ethernet/IPv4
+//     address sizes included): drop (malformed).
+//  4. From the pod, an Ethernet source other than the pod's MAC: drop
+//     (spoof). A frame from another pod's MAC would teach the bridge to
+//     deliver that pod's traffic here.
+//  5. ARP. From the pod: the sender MAC is the pod's, the sender address
+//     its own IPv4 or 0.0.0.0 (a probe), or drop (spoof). To the pod: the
+//     target is the pod's own IPv4, or drop (dst); a sender that another
+//     tenant's pod owns: drop (tenant). Otherwise pass.
+//  6. To the pod, a destination other than the pod's own address (IPv4,
+//     IPv6 or IPv6 link-local), IPv4 broadcast or multicast: drop (dst).
+//  7. Neighbour discovery (ICMPv6 133-137), hop limit not 255: drop (nd).
+//     From the pod: router advertisements and redirects drop (nd); the
+//     source is ::, the pod's link-local or its own address, and an
+//     advertisement claims only the pod's link-local or own address, or
+//     drop (spoof); to a link-local address, ff02::1, ff02::2 or a
+//     solicited-node group ff02::1:ffXX:XXXX it passes, to another group it
+//     drops (nd), and to a global address it goes on to rule 9 like any
+//     packet to that peer. To the pod: router solicitations drop (nd);
+//     router advertisements and redirects pass only from the node's router
+//     link-local address (nd); solicitations and advertisements from ::
+//     drop (nd), a solicitation passes only for the pod's own addresses
+//     (nd), and one from another tenant's pod (its global or link-local
+//     address) drops (tenant); the rest pass.
+//     MLD (ICMPv6 130-132, 143): from the pod, reports only (nd), from :: or
+//     its link-local address (spoof), to a group (nd); to the pod, only
+//     queries from the node's router link-local address (nd).
+//  8. From the pod, a source that is not its own address: drop (spoof).
+//  9. Peer 169.254.169.254 or fd00:ec2::254 when the tier denies metadata:
 //     drop (metadata).
-//  7. IPv6 link-local peer (other than ND): drop (cluster).
-//  8. Peer owned by a tenant (a pod on this node or a configured remote
+//  10. IPv6 link-local peer (other than ND): drop (cluster).
+//  11. Peer owned by a tenant (a pod on this node or a configured remote
 //     range): another tenant, drop (tenant); the same tenant passes, except
 //     RoCEv2 (UDP destination port 4791), which needs the RDMA grant on both
 //     ends (rdma).
-//  9. RoCEv2 to anything else: drop (rdma).
-//  10. Peer in a shared-service CIDR of the pod's tier (DNS, API server): pass.
-//  11. Peer in the cluster CIDRs but owned by no tenant: drop (cluster).
-//  12. Peer outside the cluster: pass, or for a pod with an egress allow-list
+//  12. RoCEv2 to anything else: drop (rdma).
+//  13. Peer in a shared-service CIDR of the pod's tier (DNS, API server): pass.
+//  14. Peer in the cluster CIDRs but owned by no tenant: drop (cluster).
+//  15. Peer outside the cluster: pass, or for a pod with an egress allow-list
 //     only when listed (egress).
+//
+// The pod's MAC, IPv6 link-local address and the node's router link-local
+// address are read at registration (Endpoint.MAC, LinkLocal,
+// RouterLinkLocal); pods' link-local addresses are kept in the tenant tries
+// beside their global ones, so that rule 7 can tell whose a neighbour
+// message is. Every pod on a bridge is registered with its own programs, so
+// a pod's link-layer sources are its own by rule 4, 5 and 7 on its side,
+// and the receiving side can trust them.
 //
 // IPv6 is enforced, not bypassed: up to four extension headers (hop-by-hop,
 // routing, destination options, fragment) are walked to find the upper
@@ -67,8 +99,9 @@
 // # Maps
 //
 // Pinned by name under PinDir (default /sys/fs/bpf/bulkhead): endpoints
-// (ifindex -> tenant, tier, flags, addresses), tenant_v4/tenant_v6 (LPM:
-// address -> owning tenant), service_v4/v6 (LPM keyed by tier),
+// (ifindex -> tenant, tier, flags, addresses, MAC, link-local and router
+// addresses), tenant_v4/tenant_v6 (LPM: address, link-local ones included,
+// -> owning tenant), service_v4/v6 (LPM keyed by tier),
 // egress_v4/v6 (LPM keyed by ifindex), cluster_v4/v6 (LPM), drops (per-CPU
 // counters keyed by tenant and reason), tenant_ids and tier_ids (stable
 // name -> id for the node). TCX links are pinned under PinDir/links, so the

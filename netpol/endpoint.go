@@ -1,8 +1,10 @@
 package netpol
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 
@@ -26,6 +28,21 @@ type Endpoint struct {
 	// IPv4 and IPv6 are the pod's addresses; at least one is required. The pod
 	// may send only from these (and, for neighbour discovery, link-local).
 	IPv4, IPv6 netip.Addr
+	// MAC is the pod interface's Ethernet address: the only source address
+	// of the frames and ARP messages the pod may send. Register reads it from
+	// the pod's side of the veth when it is nil.
+	MAC net.HardwareAddr
+	// LinkLocal is the pod interface's IPv6 link-local address, the other
+	// address (besides IPv6) the pod may use for neighbour discovery and MLD.
+	// Register reads it from the pod's side of the veth when it is not set,
+	// and derives it from MAC (modified EUI-64) when the pod has none.
+	LinkLocal netip.Addr
+	// RouterLinkLocal is the node's link-local address on the pod's link, the
+	// only source of router advertisements, redirects and MLD queries the pod
+	// receives. Register reads it from the host veth's bridge (or from the
+	// host veth, for a routed CNI) when it is not set; a node without one
+	// sends the pod no router advertisements.
+	RouterLinkLocal netip.Addr
 	// AllowRDMA grants RoCEv2 (UDP 4791) with pods of the same tenant that
 	// have the grant too.
 	AllowRDMA bool
@@ -78,6 +95,14 @@ func (e *Endpoint) validate() error {
 	if _, err := nameToKey(e.Tier); err != nil {
 		return fmt.Errorf("endpoint %s: Tier %q %w", e.SandboxID, e.Tier, err)
 	}
+	if e.MAC != nil && (len(e.MAC) != 6 || e.MAC[0]&1 != 0 || bytes.Equal(e.MAC, make([]byte, 6))) {
+		return fmt.Errorf("endpoint %s: MAC %s must be a unicast Ethernet address", e.SandboxID, e.MAC)
+	}
+	for name, a := range map[string]netip.Addr{"LinkLocal": e.LinkLocal, "RouterLinkLocal": e.RouterLinkLocal} {
+		if a.IsValid() && (!a.Is6() || !a.IsLinkLocalUnicast()) {
+			return fmt.Errorf("endpoint %s: %s %s is not an IPv6 link-local address", e.SandboxID, name, a)
+		}
+	}
 	for i, p := range e.EgressCIDRs {
 		if !p.IsValid() {
 			return fmt.Errorf("endpoint %s: EgressCIDRs[%d] is not a valid prefix", e.SandboxID, i)
@@ -103,6 +128,16 @@ func newRecord(e *Endpoint, ifindex int, ifname string, tenant, tier uint32) rec
 		v.Flags |= flagHasIPv6
 		v.IPv6 = e.IPv6.As16()
 	}
+	if e.LinkLocal.IsValid() {
+		v.Flags |= flagHasLinkLocal
+		v.LinkLocal = e.LinkLocal.As16()
+	}
+	if e.RouterLinkLocal.IsValid() {
+		v.Flags |= flagHasRouter
+		v.Router = e.RouterLinkLocal.As16()
+	}
+	// A zero MAC matches no frame: such an endpoint sends nothing.
+	copy(v.MAC[:], e.MAC)
 	if e.AllowRDMA {
 		v.Flags |= flagRDMA
 	}
@@ -117,7 +152,9 @@ func newRecord(e *Endpoint, ifindex int, ifname string, tenant, tier uint32) rec
 	return record{ifindex: uint32(ifindex), value: v, egress: e.EgressCIDRs}
 }
 
-// addrs returns the endpoint's addresses as host prefixes.
+// addrs returns the endpoint's addresses as host prefixes: the ones the
+// tenant tries map to its tenant. The link-local address is among them, so
+// that neighbour discovery from it can be told apart by tenant.
 func (v *endpointValue) addrs() []netip.Prefix {
 	var out []netip.Prefix
 	if v.Flags&flagHasIPv4 != 0 {
@@ -125,6 +162,9 @@ func (v *endpointValue) addrs() []netip.Prefix {
 	}
 	if v.Flags&flagHasIPv6 != 0 {
 		out = append(out, netip.PrefixFrom(netip.AddrFrom16(v.IPv6), 128))
+	}
+	if v.Flags&flagHasLinkLocal != 0 {
+		out = append(out, netip.PrefixFrom(netip.AddrFrom16(v.LinkLocal), 128))
 	}
 	return out
 }

@@ -9,9 +9,30 @@ import (
 // fence never reads them.
 
 var (
-	podMAC  = []byte{0x02, 0, 0, 0, 0, 0x01}
-	peerMAC = []byte{0x02, 0, 0, 0, 0, 0x02}
+	podMAC   = []byte{0x02, 0, 0, 0, 0, 0x01}
+	peerMAC  = []byte{0x02, 0, 0, 0, 0, 0x02}
+	otherMAC = []byte{0x02, 0, 0, 0, 0, 0x05} // tenant B's pod
 )
+
+// fromMAC returns frame with its Ethernet source set to mac.
+func fromMAC(mac []byte, frame []byte) []byte {
+	f := append([]byte{}, frame...)
+	copy(f[6:12], mac)
+	return f
+}
+
+// nd6 is a neighbour discovery message with hop limit 255, as RFC 4861
+// requires; target "" leaves the target field out (RS, RA).
+func nd6(src, dst string, kind byte, target string) []byte {
+	return hopLimit(255, ipv6(src, dst, protoICMPv6, icmp6(kind, target)))
+}
+
+// hopLimit sets the IPv6 hop limit of frame.
+func hopLimit(n byte, frame []byte) []byte {
+	f := append([]byte{}, frame...)
+	f[ethHdrLen+7] = n
+	return f
+}
 
 func ether(ethType uint16, payload []byte) []byte {
 	b := append(append([]byte{}, peerMAC...), podMAC...)
@@ -104,8 +125,13 @@ func icmp6(kind byte, target string) []byte {
 }
 
 func arp(senderIP, targetIP string) []byte {
+	return arpFrom(podMAC, senderIP, targetIP)
+}
+
+// arpFrom is an ARP request whose sender hardware address is mac.
+func arpFrom(mac []byte, senderIP, targetIP string) []byte {
 	b := []byte{0, 1, 8, 0, 6, 4, 0, 1}
-	b = append(b, podMAC...)
+	b = append(b, mac...)
 	s := netip.MustParseAddr(senderIP).As4()
 	b = append(b, s[:]...)
 	b = append(b, 0, 0, 0, 0, 0, 0)

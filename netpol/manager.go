@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -312,6 +313,9 @@ func (m *Manager) Register(ctx context.Context, e Endpoint) error {
 		return fmt.Errorf("endpoint %s: %w", e.SandboxID, err)
 	}
 	ifindex, ifname := link.Attrs().Index, link.Attrs().Name
+	if err := fillLinkAddrs(&e, link); err != nil {
+		return fmt.Errorf("netpol: register %s on %s (ifindex %d): %w", e.SandboxID, ifname, ifindex, err)
+	}
 	err = m.locked(ctx, func() error {
 		d := m.dp
 		tenant, err := allocateID(d.tenantIDs, e.Tenant, maxTenantID)
@@ -580,6 +584,13 @@ func (m *Manager) info(ifindex uint32, v endpointValue) (EndpointInfo, error) {
 	if v.Flags&flagHasIPv6 != 0 {
 		e.IPv6 = netip.AddrFrom16(v.IPv6)
 	}
+	if v.Flags&flagHasLinkLocal != 0 {
+		e.LinkLocal = netip.AddrFrom16(v.LinkLocal)
+	}
+	if v.Flags&flagHasRouter != 0 {
+		e.RouterLinkLocal = netip.AddrFrom16(v.Router)
+	}
+	e.MAC = net.HardwareAddr(v.MAC[:])
 	e.AllowRDMA = v.Flags&flagRDMA != 0
 	e.DenyMetadata = v.Flags&flagDenyMetadata != 0
 	if v.Flags&flagEgressRestricted != 0 {

@@ -95,7 +95,7 @@ func TestFenceVeth(t *testing.T) {
 			ether(0x8100, make([]byte, 46)),                               // VLAN
 		}
 		for _, f := range frames {
-			n.sendRaw(a1, f)
+			n.sendRaw(a1, fromMAC(a1.mac, f))
 		}
 		after := n.drops(m, "tenant-a")
 		for r, want := range map[Reason]uint64{ReasonSpoof: 1, ReasonMalformed: 3, ReasonEthertype: 1} {

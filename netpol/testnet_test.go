@@ -40,6 +40,7 @@ type testPod struct {
 	nsPath  string
 	hostIf  string
 	podIf   int // eth0's index inside the pod
+	mac     net.HardwareAddr
 	v4, v6  netip.Addr
 	closers []func()
 }
@@ -222,6 +223,7 @@ func (n *testNet) addPod(name string, octet byte) *testPod {
 		}
 		if name == "eth0" {
 			p.podIf = l.Attrs().Index
+			p.mac = l.Attrs().HardwareAddr
 			for _, a := range []netip.Prefix{netip.PrefixFrom(p.v4, 24), netip.PrefixFrom(p.v6, 64)} {
 				addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), a.Addr().BitLen())}, Flags: unix.IFA_F_NODAD}
 				if err := h.AddrAdd(l, addr); err != nil {
