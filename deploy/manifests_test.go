@@ -362,7 +362,7 @@ func TestWebhookCrossReferences(t *testing.T) {
 	if err != nil {
 		t.Fatalf("container args %v: %v", c.Args, err)
 	}
-	for flag, path := range map[string]string{"--tls-cert": cfg.TLSCert, "--tls-key": cfg.TLSKey, "--bundle": cfg.Bundle, "--key": cfg.Key} {
+	for flag, path := range map[string]string{"--tls-cert": cfg.TLSCert, "--tls-key": cfg.TLSKey, "--bundle": cfg.Bundle, "--key": cfg.Key, "--client-ca": cfg.ClientCA} {
 		gen, key := mountedFrom(t, dep.Spec.Template.Spec, c, path)
 		g, ok := tr.generators[gen]
 		if !ok {
@@ -644,7 +644,7 @@ func TestKustomizeBuild(t *testing.T) {
 	// Stand-ins for the per-cluster files gen-tls.sh and build.sh write.
 	caPEM := "-----BEGIN CERTIFICATE-----\nTUlJQ0FURVNU\n-----END CERTIFICATE-----\n"
 	for path, content := range map[string]string{
-		"tls/tls.crt": "cert", "tls/tls.key": "key", "tls/ca.crt": caPEM,
+		"tls/tls.crt": "cert", "tls/tls.key": "key", "tls/ca.crt": caPEM, "tls/client-ca.crt": caPEM,
 		"policy/bundle.tar.gz": "\x1f\x8b\x08\x00binary", "policy/bundle.pem": "pub",
 	} {
 		p := filepath.Join(dir, path)

@@ -1,0 +1,69 @@
+package deploy
+
+import (
+	"slices"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/bulkhead-runtime/bulkhead/policy/admission"
+)
+
+// TestWebhookNetworkPolicy: the webhook's pods are selected by an ingress
+// policy; the webhook port is reachable only from address blocks (the API
+// server's, docs/install.md), never from every pod; no rule admits every
+// source or every port; and the container really requires a client
+// certificate of the API server.
+func TestWebhookNetworkPolicy(t *testing.T) {
+	tr := loadTree(t)
+	np := mustFind[*networkingv1.NetworkPolicy](t, tr, "bulkhead-webhook")
+	dep := mustFind[*appsv1.Deployment](t, tr, "bulkhead-webhook")
+	sel, err := metav1SelectorOf(&np.Spec.PodSelector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(dep.Spec.Template.Labels)) {
+		t.Fatalf("NetworkPolicy selector %v does not select the webhook's pods (%v)", np.Spec.PodSelector, err)
+	}
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Error("NetworkPolicy must restrict ingress")
+	}
+	c := dep.Spec.Template.Spec.Containers[0]
+	webhookPortSeen := false
+	for i, rule := range np.Spec.Ingress {
+		if len(rule.From) == 0 {
+			t.Errorf("ingress rule %d admits every source", i)
+		}
+		if len(rule.Ports) == 0 {
+			t.Errorf("ingress rule %d admits every port", i)
+		}
+		for _, p := range rule.Ports {
+			if p.Port == nil || p.Port.Type != intstr.String || !hasPort(c, p.Port.StrVal) {
+				t.Errorf("ingress rule %d: port %v is not a named port of the webhook container", i, p.Port)
+				continue
+			}
+			if p.Port.StrVal != "webhook" {
+				continue
+			}
+			webhookPortSeen = true
+			for _, from := range rule.From {
+				if from.IPBlock == nil || from.PodSelector != nil || from.NamespaceSelector != nil {
+					t.Errorf("ingress rule %d: the webhook port is open to %+v; only the API server's addresses belong here", i, from)
+				}
+				if from.IPBlock != nil && (from.IPBlock.CIDR == "0.0.0.0/0" || from.IPBlock.CIDR == "::/0") {
+					t.Errorf("ingress rule %d: the webhook port is open to the world", i)
+				}
+			}
+		}
+	}
+	if !webhookPortSeen {
+		t.Error("no ingress rule lets the API server reach the webhook port")
+	}
+	cfg, err := admission.ParseFlags(c.Args, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ClientCA == "" || len(cfg.ClientNames) == 0 {
+		t.Errorf("webhook args: --client-ca %q, --client-name %v: the API server's certificate must be required", cfg.ClientCA, cfg.ClientNames)
+	}
+}
