@@ -212,6 +212,9 @@ func (e *Engine) load(ctx context.Context) (*snapshot, error) {
 	}
 	if snap.program != nil {
 		got, err := snap.evalPlan(ctx, probe)
+		if errors.Is(err, irvm.ErrDeferred) {
+			got, err = want, nil // the interpreter answers this input
+		}
 		if err != nil || !sameValue(got, want) {
 			snap.program, snap.planNote = nil, fmt.Sprintf("the plan's probe decision differs from OPA's interpreter (%v, error %v)", got, err)
 		}
@@ -233,24 +236,15 @@ func sameValue(a, b ast.Value) bool {
 // compile compiles the bundle's modules, evaluates the data-only index
 // package once (precomputeIndex) and prepares both queries on the rest.
 func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (*snapshot, error) {
-	newCompiler := func(modules map[string]*ast.Module) (*ast.Compiler, error) {
-		c := ast.NewCompiler().
-			WithCapabilities(Capabilities()).
-			WithEnablePrintStatements(false)
-		c.Compile(modules)
-		if c.Failed() {
-			return nil, fmt.Errorf("compile: %w", c.Errors)
-		}
-		return c, nil
-	}
 	modules := b.ParsedModules("bulkhead")
-	compiler, err := newCompiler(modules)
-	if err != nil {
-		return nil, err
-	}
 	data := b.Data
 	if data == nil {
 		data = map[string]any{}
+	}
+	store := newStore(data)
+	compiler, err := newCompiler(ctx, modules, store)
+	if err != nil {
+		return nil, err
 	}
 	// Rules that depend on data alone are evaluated here, once, and served
 	// as data from now on; decisions then only look them up.
@@ -259,19 +253,14 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 		return nil, err
 	}
 	if index != nil {
-		if compiler, err = newCompiler(rest); err != nil {
+		data = withIndex(data, index)
+		store = newStore(data)
+		if compiler, err = newCompiler(ctx, rest, store); err != nil {
 			return nil, err
 		}
-		data = withIndex(data, index)
 	}
-	store := inmem.NewFromObjectWithOpts(data, inmem.OptRoundTripOnWrite(false), inmem.OptReturnASTValuesOnRead(true))
 	prepare := func(query string) (rego.PreparedEvalQuery, error) {
-		return rego.New(
-			rego.Query(query),
-			rego.Compiler(compiler),
-			rego.Store(store),
-			rego.StrictBuiltinErrors(true),
-		).PrepareForEval(ctx)
+		return prepareTopdown(ctx, compiler, store, query)
 	}
 	decision, err := prepare(DecisionQuery)
 	if err != nil {
@@ -285,15 +274,9 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 			}
 			snap.program, snap.planNote = nil, err.Error()
 		} else {
-			root, err := storage.ReadOne(ctx, store, storage.Path{})
-			if err != nil {
-				return nil, fmt.Errorf("read data: %w", err)
+			if snap.data, err = dataTerm(ctx, store); err != nil {
+				return nil, err
 			}
-			v, ok := root.(ast.Value)
-			if !ok {
-				return nil, fmt.Errorf("read data: got %T", root)
-			}
-			snap.data = ast.NewTerm(v)
 		}
 	}
 	if len(compiler.GetRulesExact(ast.MustParseRef(MaskQuery))) > 0 {
@@ -310,6 +293,57 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 		}
 	}
 	return snap, nil
+}
+
+// newCompiler compiles a bundle's modules as every bundle is compiled:
+// Bulkhead's capabilities, no print statements, and OPA's check that no
+// rule defines a path the bundle's data (in store) also holds, which OPA
+// runs when it activates a bundle or compiles modules beside a store: the
+// interpreter would answer such a path from data or from the rule
+// depending on how it is reached, so the bundle is refused.
+func newCompiler(ctx context.Context, modules map[string]*ast.Module, store storage.Store) (*ast.Compiler, error) {
+	txn, err := store.NewTransaction(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Abort(ctx, txn)
+	c := ast.NewCompiler().
+		WithCapabilities(Capabilities()).
+		WithEnablePrintStatements(false).
+		WithPathConflictsCheck(storage.NonEmpty(ctx, store, txn))
+	c.Compile(modules)
+	if c.Failed() {
+		return nil, fmt.Errorf("compile: %w", c.Errors)
+	}
+	return c, nil
+}
+
+// newStore is the store both evaluators read a bundle's data from.
+func newStore(data map[string]any) storage.Store {
+	return inmem.NewFromObjectWithOpts(data, inmem.OptRoundTripOnWrite(false), inmem.OptReturnASTValuesOnRead(true))
+}
+
+// dataTerm is the whole of store's data, as the plan reads it.
+func dataTerm(ctx context.Context, store storage.Store) (*ast.Term, error) {
+	root, err := storage.ReadOne(ctx, store, storage.Path{})
+	if err != nil {
+		return nil, fmt.Errorf("read data: %w", err)
+	}
+	v, ok := root.(ast.Value)
+	if !ok {
+		return nil, fmt.Errorf("read data: got %T", root)
+	}
+	return ast.NewTerm(v), nil
+}
+
+// prepareTopdown prepares query for OPA's interpreter as the engine runs it.
+func prepareTopdown(ctx context.Context, compiler *ast.Compiler, store storage.Store, query string) (rego.PreparedEvalQuery, error) {
+	return rego.New(
+		rego.Query(query),
+		rego.Compiler(compiler),
+		rego.Store(store),
+		rego.StrictBuiltinErrors(true),
+	).PrepareForEval(ctx)
 }
 
 // keepAST hands the evaluator's result over as a Rego value: decodeDecision
@@ -339,18 +373,25 @@ func (s *snapshot) evaluate(ctx context.Context, in *Input) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, &evalError{RuleError, err}
 	}
-	input := in.astValue()
-	var v ast.Value
-	var err error
-	if s.program != nil {
-		v, err = s.evalPlan(ctx, input)
-	} else {
-		v, err = s.evalTopdown(ctx, input)
-	}
+	v, err := s.evalValue(ctx, in.astValue())
 	if err != nil {
 		return Decision{}, &evalError{RuleError, err}
 	}
 	return decisionOf(v)
+}
+
+// evalValue is the value of DecisionQuery for input: the plan's, or the
+// interpreter's when there is no plan or the plan deferred.
+func (s *snapshot) evalValue(ctx context.Context, input ast.Value) (ast.Value, error) {
+	if s.program != nil {
+		v, err := s.evalPlan(ctx, input)
+		if !errors.Is(err, irvm.ErrDeferred) {
+			return v, err
+		}
+		// The plan ran into what only the interpreter decides exactly (an
+		// error, a key it reads by path in base data): the interpreter decides.
+	}
+	return s.evalTopdown(ctx, input)
 }
 
 // decisionOf reads the value of DecisionQuery; undefined (nil) and a value
@@ -461,10 +502,12 @@ func (s *snapshot) maskValue(ctx context.Context, doc map[string]any) (any, erro
 			return nil, err
 		}
 		v, err := s.evalProgram(ctx, s.maskProgram, input)
-		if err != nil || v == nil {
-			return nil, err
+		if !errors.Is(err, irvm.ErrDeferred) {
+			if err != nil || v == nil {
+				return nil, err
+			}
+			return ast.JSON(v)
 		}
-		return ast.JSON(v)
 	}
 	rs, err := s.mask.Eval(ctx, rego.EvalInput(doc))
 	if err != nil || len(rs) == 0 || len(rs[0].Expressions) == 0 {

@@ -73,8 +73,12 @@ func planQuery(ctx context.Context, compiler *ast.Compiler, query string) (*irvm
 	if err != nil {
 		return nil, fmt.Errorf("%w: OPA's planner: %v", irvm.ErrUnsupported, err)
 	}
-	return irvm.Load(plan, Capabilities())
+	return loadPlan(plan)
 }
+
+// loadPlan loads a plan OPA's planner made for a bundle compiled with
+// Capabilities.
+func loadPlan(plan *ir.Policy) (*irvm.Program, error) { return irvm.Load(plan, Capabilities()) }
 
 // evalPlan decides with the loaded plan: the first result's only value.
 func (s *snapshot) evalPlan(ctx context.Context, input ast.Value) (ast.Value, error) {

@@ -25,8 +25,9 @@ const (
 // Eval runs the plan on input and data (either may be nil: undefined) and
 // returns the result set: one object per result, keyed by query variable,
 // as OPA's Wasm runtime returns it. An empty result set means undefined.
-// Built-in errors are errors (OPA's strict built-in errors mode), and so are
-// conflicting values for one rule.
+// Every error but the context's is a *DeferredError (errors.Is ErrDeferred):
+// the caller must ask OPA's interpreter, whose answer may be a value (its
+// rule index can skip the body whose built-in failed here) or an error.
 func (p *Program) Eval(ctx context.Context, input, data *ast.Term) ([]*ast.Term, error) {
 	st := p.state()
 	defer p.release(st)
@@ -48,7 +49,11 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term) ([]*ast.Term,
 	}
 	args := []*ast.Term{input, data}
 	if _, err := st.call(p.plan, args); err != nil {
-		return nil, err
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return nil, err
+		}
+		p.deferrals.Add(1)
+		return nil, &DeferredError{Cause: err}
 	}
 	return st.results, nil
 }
@@ -266,7 +271,11 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 		case opBreak:
 			return int(in.n), nil
 		case opDot:
-			res := dot(val(&in.a, L), val(&in.b, L))
+			src, key := val(&in.a, L), val(&in.b, L)
+			if in.base && !valueKey(src, key) {
+				return 0, deferred(in, "a lookup into base data with a %s key into a %s: OPA's interpreter reads base data by path, converting the key", ast.ValueName(key.Value), ast.ValueName(src.Value))
+			}
+			res := dot(src, key)
 			if res == nil {
 				return 0, nil
 			}
@@ -431,18 +440,16 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 // of their own and no rule cache. It returns what running the block did.
 func (st *state) with(in *instr, L []*ast.Term) (int, error) {
 	v := val(&in.a, L)
-	if v == nil {
-		return 0, nil
-	}
 	saved := L[in.t]
-	if len(in.path) == 0 {
+	switch {
+	case len(in.path) == 0:
+		// The planner restores input and data after a with by a WithStmt
+		// whose value is the saved local: undefined when there was no input.
 		L[in.t] = v
-	} else {
-		replaced, err := upsert(saved, in.path, v)
-		if err != nil {
-			return 0, &topdown.Error{Code: topdown.TypeErr, Message: "with: " + err.Error(), Location: location(in)}
-		}
-		L[in.t] = replaced
+	case v == nil:
+		return 0, nil
+	default:
+		L[in.t] = upsert(saved, in.path, v)
 	}
 	memo, memoSet, cached := slices.Clone(st.memo), slices.Clone(st.memoSet), st.cached
 	clear(st.memo)
@@ -457,16 +464,15 @@ func (st *state) with(in *instr, L []*ast.Term) (int, error) {
 }
 
 // upsert is doc with the value at path set to v: doc and the objects along
-// path are copied, a missing or non-object step becomes a new object.
-func upsert(doc *ast.Term, path []*ast.Term, v *ast.Term) (*ast.Term, error) {
+// path are copied, a missing or non-object step becomes a new object, as
+// OPA's interpreter does it (topdown's mergeTermWithValues): a document that
+// is not an object, or is undefined, is replaced by a new one.
+func upsert(doc *ast.Term, path []*ast.Term, v *ast.Term) *ast.Term {
 	var root ast.Object
-	switch d := valueOrNil(doc).(type) {
-	case nil:
-		root = ast.NewObject()
-	case ast.Object:
+	if d, ok := valueOf[ast.Object](doc); ok {
 		root = d.Copy()
-	default:
-		return nil, fmt.Errorf("cannot set %v inside a %s", ast.Ref(path), ast.ValueName(d))
+	} else {
+		root = ast.NewObject()
 	}
 	cur := root
 	for _, k := range path[:len(path)-1] {
@@ -480,7 +486,7 @@ func upsert(doc *ast.Term, path []*ast.Term, v *ast.Term) (*ast.Term, error) {
 		cur = next
 	}
 	cur.Insert(path[len(path)-1], v)
-	return ast.NewTerm(root), nil
+	return ast.NewTerm(root)
 }
 
 // dynamicCallee is the rule at the path in.dyn names, nil when there is
@@ -638,6 +644,31 @@ func valueOf[T ast.Value](t *ast.Term) (T, bool) {
 	return v, ok
 }
 
+// valueKey reports whether src[key] means the same for a document of
+// base data as for a value: an object's key that is a string, an array's
+// index that is a number, or a source that holds no element at all.
+// OPA's interpreter reads a ref into base data by its path, the keys turned
+// into strings (storage.NewPathForRef): data.x[2] finds data.x["2"], and
+// data.a["1"] the element 1 of an array; the same keys on a value (a rule's,
+// or base data bound to a variable first) find nothing. The plan does not
+// say which of the two a lookup is, so those keys go to the interpreter.
+func valueKey(src, key *ast.Term) bool {
+	if src == nil || key == nil {
+		return true
+	}
+	switch src.Value.(type) {
+	case ast.Object:
+		_, ok := key.Value.(ast.String)
+		return ok
+	case *ast.Array:
+		_, ok := key.Value.(ast.Number)
+		return ok
+	case ast.Set:
+		return false
+	}
+	return true
+}
+
 // dot is source[key]: an object's value, an array's element, a set's member.
 func dot(src, key *ast.Term) *ast.Term {
 	if src == nil || key == nil {
@@ -688,6 +719,34 @@ func isType(op opcode, t *ast.Term) bool {
 		return op == opIsSet
 	}
 	return false
+}
+
+// ErrDeferred is what an evaluation returns (errors.Is) when it reached
+// something whose outcome only OPA's interpreter decides exactly: an error
+// of any kind (the interpreter's rule index may skip the body that raised
+// it, and its early exit the conflict), or a lookup that the interpreter
+// resolves by path in base data (valueKey). The caller evaluates the same
+// input with the interpreter; no value irvm returns is ever replaced.
+var ErrDeferred = errors.New("irvm: evaluation deferred to OPA's interpreter")
+
+// DeferredError carries why an evaluation was deferred.
+type DeferredError struct{ Cause error }
+
+func (e *DeferredError) Error() string        { return ErrDeferred.Error() + ": " + e.Cause.Error() }
+func (e *DeferredError) Unwrap() error        { return e.Cause }
+func (e *DeferredError) Is(target error) bool { return target == ErrDeferred }
+
+// errValueKey is the cause of a deferral by valueKey.
+type errValueKey struct{ msg string }
+
+func (e *errValueKey) Error() string { return e.msg }
+
+func deferred(in *instr, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if loc := location(in); loc != nil {
+		msg = loc.String() + ": " + msg
+	}
+	return &errValueKey{msg: msg}
 }
 
 func conflict(in *instr, msg string) error {

@@ -50,7 +50,12 @@ type Program struct {
 	// cacheData is the data of the first evaluation: rule caches serve
 	// only evaluations with that same data.
 	cacheData atomic.Pointer[ast.Term]
+	// deferrals counts evaluations handed to the interpreter (ErrDeferred).
+	deferrals atomic.Int64
 }
+
+// Deferrals is the number of evaluations so far that returned ErrDeferred.
+func (p *Program) Deferrals() int64 { return p.deferrals.Load() }
 
 // function is an ir.Func (or the plan) with every reference resolved.
 type function struct {
@@ -85,6 +90,7 @@ type instr struct {
 	file       string      // the module the statement comes from
 	path       []*ast.Term // WithStmt: the keys below the local it replaces
 	dyn        []operand   // CallDynamicStmt: the path of the rule to call
+	base       bool        // DotStmt: the source may be a document of base data (markBaseLookups)
 }
 
 type builtin struct {
@@ -216,6 +222,10 @@ func Load(policy *ir.Policy, caps *ast.Capabilities) (*Program, error) {
 		p.plan.blocks = append(p.plan.blocks, code)
 	}
 	foldLiterals(p.plan)
+	for _, fn := range p.funcs {
+		markBaseLookups(fn)
+	}
+	markBaseLookups(p.plan)
 	planCaches(p)
 	for _, b := range l.builtins {
 		p.needsTime = p.needsTime || strings.HasPrefix(b.name, "time.") || strings.HasPrefix(b.name, "io.jwt.")
@@ -692,5 +702,67 @@ func forget(known map[int]*ast.Term, in *instr) {
 	if len(in.blocks) > 0 {
 		// Nested blocks may write any local: keep nothing across them.
 		clear(known)
+	}
+}
+
+// markBaseLookups flags every DotStmt of fn whose source may be a document
+// of base data: the data local itself or anything reached from it by
+// lookups, iterations, copies, merges and withs (a superset: the flag only
+// makes Eval check the key, see valueKey). Rules and functions take data as
+// their second parameter; the plan has it in local ir.Data.
+func markBaseLookups(fn *function) {
+	base := map[int]bool{}
+	switch {
+	case fn.ret < 0: // the plan
+		base[int(ir.Data)] = true
+	case len(fn.params) >= 2:
+		base[fn.params[1]] = true
+	default: // not a shape the planner makes: suspect every parameter
+		for _, p := range fn.params {
+			base[p] = true
+		}
+	}
+	from := func(o operand) bool { return o.konst == nil && base[o.local] }
+	var walk func(code []instr, visit func(*instr))
+	walk = func(code []instr, visit func(*instr)) {
+		for i := range code {
+			visit(&code[i])
+			for _, b := range code[i].blocks {
+				walk(b, visit)
+			}
+		}
+	}
+	for grew := true; grew; {
+		grew = false
+		mark := func(l int) {
+			if !base[l] {
+				base[l], grew = true, true
+			}
+		}
+		for _, b := range fn.blocks {
+			walk(b, func(in *instr) {
+				switch in.op {
+				case opDot, opAssignVar, opAssignVarOnce, opWith:
+					if from(in.a) {
+						mark(in.t)
+					}
+				case opScan:
+					if base[in.s] {
+						mark(in.v)
+					}
+				case opObjectMerge:
+					if base[in.s] || base[in.k] {
+						mark(in.t)
+					}
+				}
+			})
+		}
+	}
+	for _, b := range fn.blocks {
+		walk(b, func(in *instr) {
+			if in.op == opDot && from(in.a) {
+				in.base = true
+			}
+		})
 	}
 }
