@@ -31,7 +31,7 @@ type Endpoint struct {
 	// MAC is the pod interface's Ethernet address: the only source address
 	// of the frames and ARP messages the pod may send. Register reads it from
 	// the pod's side of the veth when it is nil.
-	MAC net.HardwareAddr
+	MAC HardwareAddr
 	// LinkLocal is the pod interface's IPv6 link-local address, the other
 	// address (besides IPv6) the pod may use for neighbour discovery and MLD.
 	// Register reads it from the pod's side of the veth when it is not set,
@@ -53,6 +53,29 @@ type Endpoint struct {
 	// cluster the pod may exchange packets with. Nil leaves traffic leaving the
 	// cluster unrestricted; an empty non-nil slice denies all of it.
 	EgressCIDRs []netip.Prefix
+}
+
+// HardwareAddr is an Ethernet address. Unlike net.HardwareAddr it marshals
+// to JSON as text (aa:bb:cc:dd:ee:ff), as operators read it.
+type HardwareAddr net.HardwareAddr
+
+func (h HardwareAddr) String() string { return net.HardwareAddr(h).String() }
+
+// MarshalText implements encoding.TextMarshaler.
+func (h HardwareAddr) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (h *HardwareAddr) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*h = nil
+		return nil
+	}
+	m, err := net.ParseMAC(string(b))
+	if err != nil {
+		return err
+	}
+	*h = HardwareAddr(m)
+	return nil
 }
 
 // EndpointInfo is a registered endpoint as the pinned maps describe it.

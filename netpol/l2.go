@@ -25,7 +25,7 @@ func fillLinkAddrs(e *Endpoint, host netlink.Link) error {
 			return err
 		}
 		if e.MAC == nil {
-			e.MAC = mac
+			e.MAC = HardwareAddr(mac)
 		}
 		if !e.LinkLocal.IsValid() {
 			e.LinkLocal = ll
@@ -33,7 +33,7 @@ func fillLinkAddrs(e *Endpoint, host netlink.Link) error {
 		if !e.LinkLocal.IsValid() {
 			// The pod has no link-local address yet (or IPv6 is off in it):
 			// the one the kernel and gVisor would form from the MAC.
-			e.LinkLocal = eui64LinkLocal(e.MAC)
+			e.LinkLocal = eui64LinkLocal(net.HardwareAddr(e.MAC))
 		}
 	}
 	if !e.RouterLinkLocal.IsValid() {

@@ -3,6 +3,7 @@ package netpol
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net"
 	"net/netip"
 	"testing"
@@ -23,7 +24,7 @@ const (
 // fixtureL2 gives the endpoint under test its MAC, link-local and router
 // addresses.
 func fixtureL2(e *Endpoint) {
-	e.MAC = net.HardwareAddr(podMAC)
+	e.MAC = HardwareAddr(podMAC)
 	e.LinkLocal = netip.MustParseAddr(podLL)
 	e.RouterLinkLocal = netip.MustParseAddr(routerLL)
 }
@@ -116,4 +117,18 @@ func waitLinkLocal(t *testing.T, list func() ([]netlink.Addr, error)) netip.Addr
 	}
 	t.Fatal("no IPv6 link-local address appeared")
 	return netip.Addr{}
+}
+
+func TestHardwareAddrText(t *testing.T) {
+	b, err := json.Marshal(struct{ MAC HardwareAddr }{HardwareAddr(podMAC)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"MAC":"02:00:00:00:00:01"}`; string(b) != want {
+		t.Fatalf("JSON %s, want %s", b, want)
+	}
+	var back struct{ MAC HardwareAddr }
+	if err := json.Unmarshal(b, &back); err != nil || !bytes.Equal(back.MAC, podMAC) {
+		t.Fatalf("round trip: %v %v", back.MAC, err)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -590,7 +589,7 @@ func (m *Manager) info(ifindex uint32, v endpointValue) (EndpointInfo, error) {
 	if v.Flags&flagHasRouter != 0 {
 		e.RouterLinkLocal = netip.AddrFrom16(v.Router)
 	}
-	e.MAC = net.HardwareAddr(v.MAC[:])
+	e.MAC = HardwareAddr(v.MAC[:])
 	e.AllowRDMA = v.Flags&flagRDMA != 0
 	e.DenyMetadata = v.Flags&flagDenyMetadata != 0
 	if v.Flags&flagEgressRestricted != 0 {

@@ -373,6 +373,12 @@ func TestEndpointValidation(t *testing.T) {
 		{"no tenant", ok(func(e *Endpoint) { e.Tenant = "" }), "Tenant"},
 		{"long tier", ok(func(e *Endpoint) { e.Tier = strings.Repeat("t", 65) }), "Tier"},
 		{"bad egress", ok(func(e *Endpoint) { e.EgressCIDRs = []netip.Prefix{{}} }), "EgressCIDRs[0]"},
+		{"valid link layer", ok(fixtureL2), ""},
+		{"short MAC", ok(func(e *Endpoint) { e.MAC = HardwareAddr{2, 0, 0} }), "MAC"},
+		{"multicast MAC", ok(func(e *Endpoint) { e.MAC = HardwareAddr{0x33, 0x33, 0, 0, 0, 1} }), "unicast Ethernet"},
+		{"zero MAC", ok(func(e *Endpoint) { e.MAC = make(HardwareAddr, 6) }), "unicast Ethernet"},
+		{"global LinkLocal", ok(func(e *Endpoint) { e.LinkLocal = netip.MustParseAddr("fd00::1") }), "LinkLocal fd00::1 is not"},
+		{"v4 RouterLinkLocal", ok(func(e *Endpoint) { e.RouterLinkLocal = netip.MustParseAddr("10.0.0.1") }), "RouterLinkLocal"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.e.validate()

@@ -61,6 +61,41 @@ type Pod struct {
 	// or, at sandbox create, the sandbox container when it asks the host
 	// for anything.
 	Containers []Container `json:"containers,omitempty"`
+	// ResourceClaims are the pod's dynamic resource allocation claims
+	// (spec.resourceClaims), admission only: devices a DRA driver would
+	// give the pod outside the device plugins Bulkhead reads.
+	ResourceClaims []ResourceClaim `json:"resource_claims,omitempty"`
+}
+
+// ResourceClaim is one entry of a pod's spec.resourceClaims.
+type ResourceClaim struct {
+	// Name is the entry's name, which containers refer to.
+	Name string `json:"name"`
+	// ClaimName names an existing ResourceClaim; TemplateName a
+	// ResourceClaimTemplate the pod's own claim is made from. Kubernetes
+	// requires exactly one; both empty is passed on for the policy to judge.
+	ClaimName    string `json:"claim_name,omitempty"`
+	TemplateName string `json:"template_name,omitempty"`
+	// Read says that Requests were read from the claim or template; when
+	// false, what the claim asks for is unknown.
+	Read bool `json:"read,omitempty"`
+	// Requests are the claim's device requests, one per alternative of a
+	// firstAvailable request.
+	Requests []DeviceRequest `json:"requests,omitempty"`
+}
+
+// DeviceRequest is one request of a ResourceClaim.
+type DeviceRequest struct {
+	// Name is the request's name ("gpu", or "gpu/a100" for a firstAvailable
+	// alternative).
+	Name string `json:"name"`
+	// DeviceClass is the DeviceClass the request draws from ("gpu.nvidia.com").
+	DeviceClass string `json:"device_class"`
+	// AllocationMode is "ExactCount" or "All" (every matching device on
+	// the node).
+	AllocationMode string `json:"allocation_mode,omitempty"`
+	// Count is the number of devices for ExactCount; 0 otherwise.
+	Count int64 `json:"count,omitempty"`
 }
 
 // Volume is one volume a pod declares.

@@ -120,6 +120,11 @@ func TestAstInputMatchesJSON(t *testing.T) {
 	full.Pod.Volumes = []Volume{{Name: "root", Type: "hostPath", HostPath: "/"}, {Name: "scratch", Type: "emptyDir"}}
 	full.Pod.Sysctls = map[string]string{"net.core.somaxconn": "1024"}
 	full.Request.RDMA = true
+	full.Pod.ResourceClaims = []ResourceClaim{
+		{Name: "gpus", TemplateName: "all-gpus", Read: true, Requests: []DeviceRequest{{Name: "gpu", DeviceClass: "gpu.nvidia.com", AllocationMode: "All"}}},
+		{Name: "shared", ClaimName: "team-gpu", Read: true, Requests: []DeviceRequest{{Name: "x/a", DeviceClass: "gpu.example.com", AllocationMode: "ExactCount", Count: 2}, {Name: "x/b", DeviceClass: "mig.nvidia.com"}}},
+		{Name: "unread", TemplateName: "t"},
+	}
 	full.Node.GPUs[0].Tenants = []string{"x"}
 	cases := map[string]Input{"zero": {}, "agent": agentPod(), "full": full}
 	r := rand.New(rand.NewPCG(1, 2))

@@ -65,6 +65,42 @@ func (p *Pod) astValue() ast.Value {
 	if len(p.Containers) > 0 {
 		o.Insert(key("containers"), containersTerm(p.Containers))
 	}
+	if len(p.ResourceClaims) > 0 {
+		cs := make([]*ast.Term, len(p.ResourceClaims))
+		for i := range p.ResourceClaims {
+			cs[i] = ast.NewTerm(p.ResourceClaims[i].astValue())
+		}
+		o.Insert(key("resource_claims"), ast.ArrayTerm(cs...))
+	}
+	return o
+}
+
+func (c *ResourceClaim) astValue() ast.Value {
+	o := ast.NewObjectWithCapacity(5)
+	o.Insert(key("name"), common(c.Name))
+	if c.ClaimName != "" {
+		o.Insert(key("claim_name"), common(c.ClaimName))
+	}
+	if c.TemplateName != "" {
+		o.Insert(key("template_name"), common(c.TemplateName))
+	}
+	insertTrue(o, "read", c.Read)
+	if len(c.Requests) > 0 {
+		rs := make([]*ast.Term, len(c.Requests))
+		for i, r := range c.Requests {
+			ro := ast.NewObjectWithCapacity(4)
+			ro.Insert(key("name"), common(r.Name))
+			ro.Insert(key("device_class"), common(r.DeviceClass))
+			if r.AllocationMode != "" {
+				ro.Insert(key("allocation_mode"), common(r.AllocationMode))
+			}
+			if r.Count != 0 {
+				ro.Insert(key("count"), intTerm(r.Count))
+			}
+			rs[i] = ast.NewTerm(ro)
+		}
+		o.Insert(key("requests"), ast.ArrayTerm(rs...))
+	}
 	return o
 }
 
@@ -259,6 +295,7 @@ var keyTerms = func() map[string]*ast.Term {
 		"volumes", "type", "host_path", "path", "read_only", "sysctls", "ephemeral", "mounts",
 		"added_capabilities", "host_ports", "seccomp_profile", "apparmor_profile",
 		"gpus", "index", "model", "mig_enabled", "free_slices", "tenants",
+		"resource_claims", "claim_name", "template_name", "read", "requests", "device_class", "allocation_mode",
 		// and those of the decision, read back by decodeDecision
 		"allow", "reasons", "tier", "runtime", "warnings", "rule", "message", "enforcement",
 		"allowed_profiles", "max_slices", "whole_gpu", "exclusive_physical_gpu", "mig_in_sandbox",

@@ -81,6 +81,25 @@ func randomInput(r *rand.Rand) Input {
 		}
 		in.Pod.Volumes = append(in.Pod.Volumes, v)
 	}
+	for i := range r.IntN(3) {
+		c := ResourceClaim{Name: fmt.Sprintf("claim%d", i), Read: r.IntN(3) > 0}
+		if r.IntN(2) == 0 {
+			c.TemplateName = pick("gpu-template", "all-gpus", "nic")
+		} else {
+			c.ClaimName = pick("shared-gpu", "nic", "")
+		}
+		if c.Read {
+			for j := range r.IntN(3) {
+				c.Requests = append(c.Requests, DeviceRequest{
+					Name:           fmt.Sprintf("r%d", j),
+					DeviceClass:    pick("gpu.nvidia.com", "mig.nvidia.com", "gpu.amd.com", "nic.example.com", ""),
+					AllocationMode: pick("ExactCount", "All", ""),
+					Count:          int64(r.IntN(3)),
+				})
+			}
+		}
+		in.Pod.ResourceClaims = append(in.Pod.ResourceClaims, c)
+	}
 	if r.IntN(4) == 0 {
 		in.Pod.Sysctls = map[string]string{pick("net.ipv4.ip_unprivileged_port_start", "kernel.msgmax", "net.core.somaxconn"): "1"}
 	}

@@ -7,6 +7,7 @@
 package bulkhead
 
 import data.bulkhead.contract
+import data.bulkhead.dra
 import data.bulkhead.gpu
 import data.bulkhead.identity
 import data.bulkhead.network
@@ -18,6 +19,7 @@ import data.bulkhead.workload
 findings := union({
 	contract.findings, identity.findings, runtime.findings, gpu.findings,
 	quota.findings, workload.findings, network.findings, rdma.findings,
+	dra.findings,
 })
 
 mode(f) := m if {

@@ -32,12 +32,16 @@ lockdown := {
 	],
 	"allow_unconfined": false,
 	"require_pinned_images": true,
+	# DRA device classes (globs, "." as separator) a claim may draw from.
+	"allowed_device_classes": [],
 	"gpu": {
 		"max_profile_slices": 0,
 		"whole_gpu": false,
 		"max_slices": 0,
 		"exclusive_physical_gpu": true,
 		"mig_in_sandbox": "refuse",
+		# GPUs through DRA claims bypass MIG placement and the slice quota.
+		"allow_dra": false,
 	},
 	"rdma": "deny",
 	"network": {"isolation": "tenant", "egress": "allowlist", "deny_metadata": true},

@@ -253,7 +253,7 @@ func printStatus(w io.Writer, st *NodeStatus) {
 					ips = append(ips, a.String())
 				}
 			}
-			fmt.Fprintf(w, "  %.12s tenant=%s tier=%s ifindex=%d %s (%s)\n", e.SandboxID, e.Tenant, e.Tier, e.Ifindex, strings.Join(ips, ","), e.Attach)
+			fmt.Fprintf(w, "  %.12s tenant=%s tier=%s ifindex=%d %s mac=%s ll=%s (%s)\n", e.SandboxID, e.Tenant, e.Tier, e.Ifindex, strings.Join(ips, ","), e.MAC, e.LinkLocal, e.Attach)
 		}
 	}
 	if len(st.Drops) > 0 {

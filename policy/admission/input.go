@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -189,6 +190,7 @@ func inputFor(namespace string, pod podObject, handlers HandlerResolver) (policy
 		return in, err
 	}
 	in.Pod.Volumes, in.Pod.Sysctls = volumesOf(pod.Spec.Volumes), sysctlsOf(pod.Spec.SecurityContext)
+	in.Pod.ResourceClaims = resourceClaimsOf(pod.Spec.ResourceClaims)
 	hostPaths := hostPathVolumes(pod.Spec.Volumes)
 	add := func(c corev1.Container, ephemeral bool) {
 		out := policy.Container{
@@ -325,6 +327,86 @@ func checkResources(specPath string, spec corev1.PodSpec) error {
 		}
 	}
 	return nil
+}
+
+// resourceClaimsOf lists the pod's DRA claims as the pod spec names them,
+// each unread: what a claim asks for lives in the ResourceClaim or
+// ResourceClaimTemplate, which readClaims fills in when it can.
+func resourceClaimsOf(claims []corev1.PodResourceClaim) []policy.ResourceClaim {
+	var out []policy.ResourceClaim
+	for _, c := range claims {
+		rc := policy.ResourceClaim{Name: c.Name}
+		if c.ResourceClaimName != nil {
+			rc.ClaimName = *c.ResourceClaimName
+		}
+		if c.ResourceClaimTemplateName != nil {
+			rc.TemplateName = *c.ResourceClaimTemplateName
+		}
+		out = append(out, rc)
+	}
+	return out
+}
+
+// ClaimReader reads what a DRA claim asks for.
+type ClaimReader interface {
+	// ClaimSpec returns the spec of the ResourceClaim name in namespace,
+	// or, when template is true, the spec of the claims the
+	// ResourceClaimTemplate name makes.
+	ClaimSpec(namespace, name string, template bool) (*resourcev1.ResourceClaimSpec, error)
+}
+
+// readClaims fills in the device requests of every claim reader can read.
+// A claim it cannot read (no reader, not found, an error, or a pod entry
+// naming neither a claim nor a template) stays unread for the policy to
+// judge as unknown; the error is not the pod's fault and not a reason to
+// fail the review.
+func readClaims(namespace string, claims []policy.ResourceClaim, reader ClaimReader) {
+	if reader == nil {
+		return
+	}
+	for i := range claims {
+		c := &claims[i]
+		var (
+			spec *resourcev1.ResourceClaimSpec
+			err  error
+		)
+		switch {
+		case c.ClaimName != "" && c.TemplateName == "":
+			spec, err = reader.ClaimSpec(namespace, c.ClaimName, false)
+		case c.TemplateName != "" && c.ClaimName == "":
+			spec, err = reader.ClaimSpec(namespace, c.TemplateName, true)
+		default:
+			continue
+		}
+		if err != nil || spec == nil {
+			continue
+		}
+		c.Requests, c.Read = deviceRequestsOf(spec), true
+	}
+}
+
+// deviceRequestsOf lists a claim's device requests, one per alternative
+// of a firstAvailable request (named "request/alternative").
+func deviceRequestsOf(spec *resourcev1.ResourceClaimSpec) []policy.DeviceRequest {
+	var out []policy.DeviceRequest
+	for _, r := range spec.Devices.Requests {
+		if e := r.Exactly; e != nil {
+			out = append(out, policy.DeviceRequest{Name: r.Name, DeviceClass: e.DeviceClassName, AllocationMode: string(e.AllocationMode), Count: countOf(string(e.AllocationMode), e.Count)})
+		}
+		for _, s := range r.FirstAvailable {
+			out = append(out, policy.DeviceRequest{Name: r.Name + "/" + s.Name, DeviceClass: s.DeviceClassName, AllocationMode: string(s.AllocationMode), Count: countOf(string(s.AllocationMode), s.Count)})
+		}
+	}
+	return out
+}
+
+// countOf is a request's device count: the API server defaults an
+// ExactCount request's count to 1, and All has none.
+func countOf(mode string, count int64) int64 {
+	if mode == string(resourcev1.DeviceAllocationModeAll) {
+		return 0
+	}
+	return max(count, 1)
 }
 
 // hostPathVolumes maps the names of hostPath volumes to the path each

@@ -47,6 +47,10 @@ type Options struct {
 	Usage UsageSource
 	// Metrics records decisions and rule hits; nil records nothing.
 	Metrics *Metrics
+	// Claims reads the pods' DRA ResourceClaims and ResourceClaimTemplates.
+	// Nil reads none: every claim reaches the policy unread, which the
+	// default tiers refuse below trusted.
+	Claims ClaimReader
 }
 
 // Reviewer answers admission requests. It is safe for concurrent use.
@@ -55,6 +59,7 @@ type Reviewer struct {
 	handlers HandlerResolver
 	usage    UsageSource
 	metrics  *Metrics
+	claims   ClaimReader
 
 	// mu guards tenants and revision: the tenant each namespace mapped to
 	// under the bundle revision last seen in a decision.
@@ -73,6 +78,7 @@ func NewReviewer(opts Options) (*Reviewer, error) {
 		handlers: opts.Handlers,
 		usage:    opts.Usage,
 		metrics:  opts.Metrics,
+		claims:   opts.Claims,
 		tenants:  map[string]string{},
 	}, nil
 }
@@ -144,6 +150,7 @@ func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 	if err != nil {
 		return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("bulkhead: %s: %v", subject, err)), ResultError
 	}
+	readClaims(req.Namespace, in.Pod.ResourceClaims, r.claims)
 	// Quotas count pods. A template is judged as one pod of a tenant with no
 	// usage, like Kubernetes' own ResourceQuota: its pods meet the real
 	// usage when the controller creates them, and updating a workload of a
