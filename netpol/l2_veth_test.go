@@ -94,7 +94,11 @@ func TestLayer2Veth(t *testing.T) {
 					capture := n.capture(tc.to)
 					defer unix.Close(capture)
 					n.sendRaw(tc.from, ndWithData(tc.from.mac, tc.to.mac, src, dst.addr(tc.to), tc.kind, target, secret))
-					if got := received(capture, secret, silenceWait); got != tc.delivers {
+					wait := silenceWait
+					if tc.delivers {
+						wait = replyWait // returns as soon as it arrives
+					}
+					if got := received(capture, secret, wait); got != tc.delivers {
 						t.Errorf("%s: delivered %v, want %v", tc.name, got, tc.delivers)
 					}
 				})
