@@ -24,6 +24,10 @@ test_runtime_table if {
 		["platform", "bulkhead", set(), "gvisor"],
 		["platform", "runc", {"runtime.runc_used"}, "runc"],
 		["platform", "", {"runtime.runc_used"}, "runc"],
+		# The runc tier's own handler: the trusted tier only.
+		["agents", "bulkhead-runc", {"runtime.runc_forbidden"}, "gvisor"],
+		["research", "bulkhead-runc", {"runtime.runc_forbidden"}, "gvisor"],
+		["platform", "bulkhead-runc", {"runtime.runc_used"}, "runc"],
 	]
 	every c in cases {
 		doc := fx.pod(c[0], c[1])

@@ -29,6 +29,9 @@ const (
 type Config struct {
 	// RunscPath is the absolute path of the runsc binary.
 	RunscPath string `toml:"runsc_path"`
+	// RuncPath is the absolute path of the runc binary that runs the runc
+	// tier's pods (handler bulkhead-runc).
+	RuncPath string `toml:"runc_path"`
 	// RunscRoot is runsc's state root (--root). Each sandbox keeps its
 	// container state there.
 	RunscRoot string `toml:"runsc_root"`
@@ -169,6 +172,7 @@ func (n NetpolConfig) cluster() (*netpol.ClusterConfig, error) {
 func DefaultConfig() Config {
 	return Config{
 		RunscPath:       "/usr/local/bin/runsc",
+		RuncPath:        "/usr/local/bin/runc",
 		RunscRoot:       "/run/bulkhead/runsc",
 		StateDir:        "/run/bulkhead",
 		LedgerPath:      "/var/lib/bulkhead/ledger.db",
@@ -240,7 +244,7 @@ var (
 // Validate checks every field and names the first bad one.
 func (c Config) Validate() error {
 	for _, p := range []struct{ key, val string }{
-		{"runsc_path", c.RunscPath}, {"runsc_root", c.RunscRoot}, {"state_dir", c.StateDir}, {"ledger_path", c.LedgerPath},
+		{"runsc_path", c.RunscPath}, {"runc_path", c.RuncPath}, {"runsc_root", c.RunscRoot}, {"state_dir", c.StateDir}, {"ledger_path", c.LedgerPath},
 		{"kubelet_root", c.KubeletRoot}, {"containerd_root", c.ContainerdRoot}, {"containerd_state", c.ContainerdState},
 	} {
 		if p.val == "" {

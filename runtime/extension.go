@@ -20,6 +20,7 @@ import (
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
+	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
 // RequestAnnotationPrefix marks pod annotations that are requests to
@@ -48,9 +49,22 @@ func RegisterPodExtension() {
 // not override go straight to gVisor.
 type PodExtension struct {
 	extension.TaskServiceExt
+	*pod
+}
 
+// pod is one pod's side of the pipeline, whichever task service (gVisor's
+// or runc's) runs its containers: it places the pod when its sandbox is
+// created, judges every later container and releases everything when the
+// sandbox is deleted.
+type pod struct {
 	cfg   Config
 	state *StateDir
+	// runtime is the runtime this shim runs (policy.RuntimeGVisor or
+	// policy.RuntimeRunc); the policy's decision must name the same one.
+	runtime string
+	// deleteTask deletes a container from the task service (unwinding a
+	// sandbox whose create failed after the task service made it).
+	deleteTask func(ctx context.Context, id string) error
 
 	// mu guards sandbox, options and reservation.
 	mu sync.Mutex
@@ -67,25 +81,43 @@ type PodExtension struct {
 
 // NewPodExtension returns the extension for one pod in front of next.
 func NewPodExtension(cfg Config, next extension.TaskServiceExt) *PodExtension {
-	return &PodExtension{TaskServiceExt: next, cfg: cfg, state: NewStateDir(cfg.StateDir)}
+	p := &PodExtension{TaskServiceExt: next}
+	p.pod = newPod(cfg, policy.RuntimeGVisor, func(ctx context.Context, id string) error {
+		_, err := next.Delete(ctx, &task.DeleteRequest{ID: id})
+		return err
+	})
+	return p
+}
+
+func newPod(cfg Config, runtime string, deleteTask func(context.Context, string) error) *pod {
+	return &pod{cfg: cfg, state: NewStateDir(cfg.StateDir), runtime: runtime, deleteTask: deleteTask}
 }
 
 // Create records the sandbox (before anything is created, so a crash leaves
 // a trace for GC), points gVisor at Bulkhead's runsc options, and creates
 // the container.
 func (p *PodExtension) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.CreateTaskResponse, error) {
-	return p.create(ctx, r, func() (*task.CreateTaskResponse, error) { return p.TaskServiceExt.Create(ctx, r) })
+	return createTask(ctx, p.pod, r.ID, r.Bundle, func() (*task.CreateTaskResponse, error) {
+		r.Options = p.options
+		return p.TaskServiceExt.Create(ctx, r)
+	})
 }
 
 // CreateWithFSRestore is Create for a container restored from a snapshot.
 func (p *PodExtension) CreateWithFSRestore(ctx context.Context, r *extension.CreateWithFSRestoreRequest) (*task.CreateTaskResponse, error) {
-	return p.create(ctx, r.Create, func() (*task.CreateTaskResponse, error) { return p.TaskServiceExt.CreateWithFSRestore(ctx, r) })
+	return createTask(ctx, p.pod, r.Create.ID, r.Create.Bundle, func() (*task.CreateTaskResponse, error) {
+		r.Create.Options = p.options
+		return p.TaskServiceExt.CreateWithFSRestore(ctx, r)
+	})
 }
 
-func (p *PodExtension) create(ctx context.Context, r *task.CreateTaskRequest, next func() (*task.CreateTaskResponse, error)) (*task.CreateTaskResponse, error) {
-	spec, err := readSpec(r.Bundle)
+// createTask places the pod (for its sandbox) or judges the container (for
+// any other), then lets the task service create it with next.
+func createTask[R any](ctx context.Context, p *pod, id, bundle string, next func() (R, error)) (R, error) {
+	var zero R
+	spec, err := readSpec(bundle)
 	if err != nil {
-		return nil, fmt.Errorf("container %s: %w", r.ID, err)
+		return zero, fmt.Errorf("container %s: %w", id, err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -95,50 +127,63 @@ func (p *PodExtension) create(ctx context.Context, r *task.CreateTaskRequest, ne
 	ctype := spec.Annotations[AnnotationContainerType]
 	isSandbox := ctype == containerTypeSandbox || (ctype == "" && p.sandbox == nil)
 	if !isSandbox && p.sandbox == nil {
-		return nil, fmt.Errorf("container %s: no sandbox in this shim yet", r.ID)
+		return zero, fmt.Errorf("container %s: no sandbox in this shim yet", id)
 	}
-	if !isSandbox {
-		return p.createContainer(ctx, r, spec, next)
+	var resp R
+	step := func() error {
+		var err error
+		resp, err = next()
+		return err
 	}
-	if p.sandbox != nil {
-		return nil, fmt.Errorf("container %s: pod already has sandbox %s", r.ID, p.sandbox.ID)
+	switch {
+	case !isSandbox:
+		err = p.createContainer(ctx, id, bundle, spec, step)
+	case p.sandbox != nil:
+		err = fmt.Errorf("container %s: pod already has sandbox %s", id, p.sandbox.ID)
+	default:
+		err = p.createSandbox(ctx, id, bundle, spec, step)
 	}
-	return p.createSandbox(ctx, r, spec, next)
-}
-
-// createContainer creates a workload container in the pod's sandbox.
-func (p *PodExtension) createContainer(ctx context.Context, r *task.CreateTaskRequest, spec *specs.Spec, next func() (*task.CreateTaskResponse, error)) (*task.CreateTaskResponse, error) {
-	if p.pipeline != nil {
-		// The policy judges every container as containerd wrote it: what
-		// the webhook saw may not be what runs.
-		if err := p.pipeline.AdmitContainer(ctx, p.sandbox, r.ID, spec); err != nil {
-			log.G(ctx).WithError(err).Warnf("container %s: refused", r.ID)
-			return nil, err
-		}
-		read, err := encodeSpec(spec)
-		if err != nil {
-			return nil, err
-		}
-		// Every container loses RDMA devices its tenant was not granted.
-		if err := rdma.SpecOpt(p.pipeline.RDMAGrant(p.sandbox))(spec); err != nil {
-			return nil, fmt.Errorf("container %s: %w", r.ID, err)
-		}
-		if err := writeSpecIfChanged(r.Bundle, read, spec); err != nil {
-			return nil, err
-		}
-	}
-	r.Options = p.options
-	resp, err := next()
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	p.sandbox.Containers = append(p.sandbox.Containers, r.ID)
-	p.saveRecord(ctx)
 	return resp, nil
 }
 
+// createContainer creates a workload container in the pod's sandbox.
+func (p *pod) createContainer(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) error {
+	if p.pipeline != nil {
+		// The policy judges every container as containerd wrote it: what
+		// the webhook saw may not be what runs.
+		if err := p.pipeline.AdmitContainer(ctx, p.sandbox, id, spec); err != nil {
+			log.G(ctx).WithError(err).Warnf("container %s: refused", id)
+			return err
+		}
+		read, err := encodeSpec(spec)
+		if err != nil {
+			return err
+		}
+		// Every container loses RDMA devices its tenant was not granted,
+		// and gets the pod's GPU.
+		if err := rdma.SpecOpt(p.pipeline.RDMAGrant(p.sandbox))(spec); err != nil {
+			return fmt.Errorf("container %s: %w", id, err)
+		}
+		if err := p.pipeline.InjectGPU(p.reservation, spec); err != nil {
+			return fmt.Errorf("container %s: %w", id, err)
+		}
+		if err := writeSpecIfChanged(bundle, read, spec); err != nil {
+			return err
+		}
+	}
+	if err := next(); err != nil {
+		return err
+	}
+	p.sandbox.Containers = append(p.sandbox.Containers, id)
+	p.saveRecord(ctx)
+	return nil
+}
+
 // saveRecord rewrites the pod's record; a failure only costs GC precision.
-func (p *PodExtension) saveRecord(ctx context.Context) {
+func (p *pod) saveRecord(ctx context.Context) {
 	if err := p.state.Save(p.sandbox); err != nil {
 		log.G(ctx).WithError(err).Warnf("sandbox %s: update record", p.sandbox.ID)
 	}
@@ -146,12 +191,15 @@ func (p *PodExtension) saveRecord(ctx context.Context) {
 
 // createSandbox runs the placement pipeline around the sandbox's creation.
 // Any failure unwinds every step already taken, in reverse.
-func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequest, spec *specs.Spec, next func() (*task.CreateTaskResponse, error)) (_ *task.CreateTaskResponse, retErr error) {
-	sb := SandboxFromSpec(r.ID, r.Bundle, spec)
+func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) (retErr error) {
+	sb := SandboxFromSpec(id, bundle, spec)
+	if spec.Annotations[AnnotationRuntimeHandler] == "" && p.runtime == policy.RuntimeRunc {
+		sb.Handler = RuncHandler
+	}
 	sb.ShimPID = os.Getpid()
 	// The record exists before anything else does, so GC can find a crash.
 	if err := p.state.Save(sb); err != nil {
-		return nil, err
+		return err
 	}
 	var created bool
 	defer func() {
@@ -160,7 +208,7 @@ func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequ
 		}
 		uctx := context.WithoutCancel(ctx)
 		if created {
-			if _, err := p.TaskServiceExt.Delete(uctx, &task.DeleteRequest{ID: r.ID}); err != nil {
+			if err := p.deleteTask(uctx, id); err != nil {
 				log.G(ctx).WithError(err).Warnf("sandbox %s: delete after failed create", sb.ID)
 			}
 		}
@@ -176,19 +224,23 @@ func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequ
 		log.G(ctx).WithError(retErr).Warnf("sandbox %s: refused", sb.ID)
 	}()
 
-	optionsFile := filepath.Join(sb.Bundle, gvisorOptionsFile)
-	if _, err := os.Stat(optionsFile); err != nil {
-		return nil, fmt.Errorf("sandbox %s: gVisor options missing (the manager writes them when it starts the shim): %w", sb.ID, err)
+	if p.runtime == policy.RuntimeGVisor {
+		optionsFile := filepath.Join(sb.Bundle, gvisorOptionsFile)
+		if _, err := os.Stat(optionsFile); err != nil {
+			return fmt.Errorf("sandbox %s: gVisor options missing (the manager writes them when it starts the shim): %w", sb.ID, err)
+		}
+		options, err := containerOptions(optionsFile)
+		if err != nil {
+			return err
+		}
+		p.options = options
 	}
-	options, err := containerOptions(optionsFile)
-	if err != nil {
-		return nil, err
-	}
-	p.sandbox, p.options = sb, options
+	p.sandbox = sb
 	if p.cfg.Pipeline.Enabled {
 		if p.pipeline == nil {
-			if p.pipeline, err = OpenPipeline(ctx, p.cfg); err != nil {
-				return nil, fmt.Errorf("sandbox %s: %w", sb.ID, err)
+			var err error
+			if p.pipeline, err = OpenPipeline(ctx, p.cfg, p.runtime); err != nil {
+				return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 			}
 			// Repair whatever crashed shims left before placing this pod.
 			if _, err := p.pipeline.GC(ctx, p.state); err != nil {
@@ -197,40 +249,38 @@ func (p *PodExtension) createSandbox(ctx context.Context, r *task.CreateTaskRequ
 		}
 		read, err := encodeSpec(spec)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		res, err := p.pipeline.Admit(ctx, sb, spec)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		p.reservation = res
 		sb.Tenant = res.Tenant
 		if err := rdma.SpecOpt(p.pipeline.RDMAGrant(sb))(spec); err != nil {
-			return nil, err
+			return err
 		}
 		// Admit injected the GPU; the grant stripped RDMA devices.
-		if err := writeSpecIfChanged(r.Bundle, read, spec); err != nil {
-			return nil, err
+		if err := writeSpecIfChanged(bundle, read, spec); err != nil {
+			return err
 		}
 		if err := p.pipeline.fail(StepSandbox); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	r.Options = p.options
-	resp, err := next()
-	if err != nil {
-		return nil, err
+	if err := next(); err != nil {
+		return err
 	}
 	created = true
 	if p.pipeline != nil {
 		if err := p.pipeline.Activate(ctx, sb, p.reservation); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	sb.Phase = PhaseCreated
 	p.saveRecord(ctx)
-	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s tenant %q", sb.ID, sb.Namespace, sb.Name, sb.Handler, sb.Tenant)
-	return resp, nil
+	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s runtime %s tenant %q", sb.ID, sb.Namespace, sb.Name, sb.Handler, p.runtime, sb.Tenant)
+	return nil
 }
 
 // Delete deletes a container; deleting the sandbox container drops
@@ -240,28 +290,34 @@ func (p *PodExtension) Delete(ctx context.Context, r *task.DeleteRequest) (*task
 	if err != nil || r.ExecID != "" {
 		return resp, err
 	}
+	p.deleted(ctx, r.ID)
+	return resp, nil
+}
+
+// deleted drops what Bulkhead kept for container id once the task service
+// deleted it: everything the pod holds when id is its sandbox.
+func (p *pod) deleted(ctx context.Context, id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sandbox == nil {
-		return resp, nil
+		return
 	}
-	if r.ID == p.sandbox.ID {
+	if id == p.sandbox.ID {
 		if p.pipeline != nil {
 			if rerr := p.pipeline.Release(ctx, p.sandbox.ID); rerr != nil {
 				// The record stays for GC to retry.
 				log.G(ctx).WithError(rerr).Warnf("sandbox %s: release", p.sandbox.ID)
-				return resp, nil
+				return
 			}
 		}
 		if rerr := p.state.Remove(p.sandbox.ID); rerr != nil {
 			log.G(ctx).WithError(rerr).Warnf("sandbox %s: remove record", p.sandbox.ID)
 		}
 		log.G(ctx).Infof("sandbox %s: deleted", p.sandbox.ID)
-		return resp, nil
+		return
 	}
-	p.sandbox.Containers = slices.DeleteFunc(p.sandbox.Containers, func(id string) bool { return id == r.ID })
+	p.sandbox.Containers = slices.DeleteFunc(p.sandbox.Containers, func(c string) bool { return c == id })
 	p.saveRecord(ctx)
-	return resp, nil
 }
 
 // Shutdown asks gVisor's task service to exit. While containers remain it

@@ -46,6 +46,10 @@ const (
 // Steps lists the pipeline's steps in order.
 var Steps = []string{StepDecide, StepReserve, StepGPU, StepSandbox, StepFence, StepActive}
 
+// RuleRuntimeMismatch refuses a pod whose decision names another runtime
+// than the shim it reached runs (a handler registered with the wrong shim).
+const RuleRuntimeMismatch = "runtime.handler_mismatch"
+
 // RefusedError is a policy refusal. Its message reaches the kubelet (and
 // crictl) through containerd, so it names the tenant, each rule and why.
 type RefusedError struct {
@@ -74,7 +78,10 @@ func (e *RefusedError) Error() string {
 // shim process builds its own; the node-wide state is the ledger, the MIG
 // backend's devices and the pinned eBPF maps.
 type Pipeline struct {
-	cfg     Config
+	cfg Config
+	// runtime is what this shim runs pods in: policy.RuntimeGVisor or
+	// policy.RuntimeRunc. A decision for another runtime is refused.
+	runtime string
 	decider policy.Decider
 	ledger  *Ledger
 	gpus    []mig.GPU
@@ -94,16 +101,22 @@ type Components struct {
 
 // NewPipeline assembles a pipeline from its components.
 func NewPipeline(cfg Config, c Components) *Pipeline {
-	return &Pipeline{cfg: cfg, decider: c.Decider, ledger: c.Ledger, gpus: c.GPUs, backend: c.Backend, fence: c.Fence, failAt: failAtFromEnv()}
+	return &Pipeline{cfg: cfg, runtime: policy.RuntimeGVisor, decider: c.Decider, ledger: c.Ledger, gpus: c.GPUs, backend: c.Backend, fence: c.Fence, failAt: failAtFromEnv()}
 }
 
-// OpenPipeline opens every component named by the configuration.
-func OpenPipeline(ctx context.Context, cfg Config) (*Pipeline, error) {
+// OpenPipeline opens every component named by the configuration, for a
+// shim that runs pods in runtime (policy.RuntimeGVisor or policy.RuntimeRunc).
+func OpenPipeline(ctx context.Context, cfg Config, runtime string) (*Pipeline, error) {
+	if runtime != policy.RuntimeGVisor && runtime != policy.RuntimeRunc {
+		return nil, fmt.Errorf("pipeline: runtime %q is not %s or %s", runtime, policy.RuntimeGVisor, policy.RuntimeRunc)
+	}
 	c, err := OpenComponents(ctx, cfg, true)
 	if err != nil {
 		return nil, err
 	}
-	return NewPipeline(cfg, c), nil
+	p := NewPipeline(cfg, c)
+	p.runtime = runtime
+	return p, nil
 }
 
 // OpenComponents opens the ledger, the MIG backend, the fence and (when
@@ -318,6 +331,14 @@ func (p *Pipeline) Admit(ctx context.Context, sb *Sandbox, spec *specs.Spec) (_ 
 		if d, err = p.decider.Decide(ctx, in); err != nil || !d.Allow {
 			return refusal(sb, d, err)
 		}
+		// The policy picks the runtime from the handler; this shim runs
+		// one runtime and starts nothing in another.
+		if d.Runtime != p.runtime {
+			return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Tenant: d.Tenant, Reasons: []policy.Reason{{
+				Rule:    RuleRuntimeMismatch,
+				Message: fmt.Sprintf("handler %q runs %s here, but the policy chose runtime %q for it (data.bulkhead.handlers)", sb.Handler, p.runtime, d.Runtime),
+			}}}
+		}
 		res = &Reservation{
 			SandboxID: sb.ID, State: StateReserved, Tenant: d.Tenant, Tier: d.Tier,
 			Namespace: sb.Namespace, Pod: sb.Name, MemoryBytes: in.Request.MemoryBytes,
@@ -400,7 +421,7 @@ func (p *Pipeline) placeGPU(sb *Sandbox, d policy.Decision, req *policy.GPUReque
 	} else {
 		// gVisor's nvproxy cannot expose MIG capability devices: apply the
 		// policy's answer instead of starting a sandbox that cannot use its GPU.
-		mode, err := mig.SandboxGPUMode(policy.RuntimeGVisor, d.GPU.MIGInSandbox)
+		mode, err := mig.SandboxGPUMode(p.runtime, d.GPU.MIGInSandbox)
 		if err != nil {
 			return mig.Placement{}, refuse("gpu.mig_in_gvisor", err.Error())
 		}
@@ -428,7 +449,27 @@ func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.S
 	if err := p.fail(StepGPU); err != nil {
 		return err
 	}
-	var inst *mig.Instance
+	if res.GPU.Profile != mig.WholeGPUProfile {
+		in, err := p.backend.Create(res.GPU.GPU, res.GPU.Profile, res.GPU.Start)
+		if err != nil {
+			return fmt.Errorf("gpu %d: create %s at %d: %w", res.GPU.GPU, res.GPU.Profile, res.GPU.Start, err)
+		}
+		res.Instance = &in
+		if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
+			return err
+		}
+	}
+	return p.InjectGPU(res, spec)
+}
+
+// InjectGPU gives the container of spec the pod's GPU: the MIG instance's
+// (or whole GPU's) UUID in NVIDIA_VISIBLE_DEVICES and, where the driver is
+// loaded, its device nodes and cgroup rules. Every container of the pod
+// gets it, the sandbox's at sandbox create and each other at its own.
+func (p *Pipeline) InjectGPU(res *Reservation, spec *specs.Spec) error {
+	if res == nil || res.GPU == nil {
+		return nil
+	}
 	var info mig.GPUInfo
 	infos, err := p.backend.GPUs()
 	if err != nil {
@@ -440,17 +481,8 @@ func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.S
 		}
 	}
 	visible := info.UUID
-	if res.GPU.Profile != mig.WholeGPUProfile {
-		in, err := p.backend.Create(res.GPU.GPU, res.GPU.Profile, res.GPU.Start)
-		if err != nil {
-			return fmt.Errorf("gpu %d: create %s at %d: %w", res.GPU.GPU, res.GPU.Profile, res.GPU.Start, err)
-		}
-		inst = &in
-		res.Instance = inst
-		if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
-			return err
-		}
-		visible = in.UUID
+	if res.Instance != nil {
+		visible = res.Instance.UUID
 	}
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
@@ -460,12 +492,12 @@ func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.S
 	// Device nodes exist only where the NVIDIA driver is loaded; the mock
 	// backend has none, and the sandbox gets the placement and the UUID.
 	if majors, err := mig.ParseProcDevices(p.procDevices()); err == nil && majors.Nvidia != 0 {
-		if inst != nil {
+		if res.Instance != nil {
 			minors, err := mig.ParseMIGMinors(mig.DefaultMIGMinorsPath)
 			if err != nil {
 				return fmt.Errorf("gpu %d: %w", res.GPU.GPU, err)
 			}
-			opts = append(opts, mig.WithMIGDevice(majors, minors, *inst))
+			opts = append(opts, mig.WithMIGDevice(majors, minors, *res.Instance))
 		} else {
 			opts = append(opts, mig.WithEdits(mig.ControlEdits(majors).Merge(mig.WholeGPUEdits(majors, info))))
 		}

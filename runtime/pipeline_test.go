@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
 const testTenants = `{"bulkhead": {"tenants": {
@@ -47,7 +48,7 @@ func testPipeline(t *testing.T) *Pipeline {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p, err := OpenPipeline(context.Background(), cfg)
+	p, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +226,7 @@ func TestPipelineRefusesUnsignedBundle(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = OpenPipeline(context.Background(), cfg)
+	_, err = OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
 	if err == nil || !strings.Contains(err.Error(), "policy") {
 		t.Fatalf("OpenPipeline with an unsigned bundle = %v, want a policy verification error", err)
 	}

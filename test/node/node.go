@@ -29,6 +29,10 @@ import (
 // Handler is the CRI runtime handler that selects Bulkhead.
 const Handler = "bulkhead"
 
+// RuncHandler is the runc tier's CRI runtime handler, registered when its
+// shim and runc are built.
+const RuncHandler = "bulkhead-runc"
+
 // Options configures a node.
 type Options struct {
 	// Dir holds everything the node writes; it must be empty or absent.
@@ -158,6 +162,12 @@ state = "{{.Dir}}/state"
       runtime_type = "io.containerd.bulkhead.v1"
       runtime_path = "{{.Shim}}"
       pod_annotations = ["bulkhead.dev/*"]
+{{- if .RuncShim}}
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.RuncHandler}}]
+      runtime_type = "io.containerd.bulkhead-runc.v1"
+      runtime_path = "{{.RuncShim}}"
+      pod_annotations = ["bulkhead.dev/*"]
+{{- end}}
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{{.Dir}}/cni"
@@ -229,6 +239,13 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	if err != nil {
 		return nil, err
 	}
+	// The runc tier (handler bulkhead-runc) is registered where its shim
+	// and a runc are built (make build tools).
+	runcShim, _ := lookPath("containerd-shim-bulkhead-runc-v1", opts.BinDir)
+	runc, _ := lookPath("runc", opts.BinDir)
+	if runc == "" {
+		runcShim = ""
+	}
 	for _, d := range []string{"cni", "cni-ipam", "root", "state"} {
 		if err := os.MkdirAll(filepath.Join(opts.Dir, d), 0o711); err != nil {
 			return nil, err
@@ -237,6 +254,7 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	data := map[string]string{
 		"Dir": opts.Dir, "Socket": n.Socket, "PauseImage": images.PauseImage, "Handler": Handler,
 		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet,
+		"RuncShim": runcShim, "RuncHandler": RuncHandler,
 	}
 	if err := writeTemplate(filepath.Join(opts.Dir, "containerd.toml"), containerdConfig, data); err != nil {
 		return nil, err
@@ -244,7 +262,11 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	if err := writeTemplate(filepath.Join(opts.Dir, "cni", "10-bulkhead.conflist"), cniConfig, data); err != nil {
 		return nil, err
 	}
+	if runc == "" {
+		runc = "/usr/local/bin/runc" // not used: the runc tier is not registered
+	}
 	shimConf := fmt.Sprintf(`runsc_path = %q
+runc_path = %q
 runsc_root = %q
 state_dir = %q
 ledger_path = %q
@@ -256,7 +278,7 @@ platform = "systrap"
 network = "sandbox"
 [pipeline]
 enabled = %t
-%s`, runsc, n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
+%s`, runsc, runc, n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
 		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), opts.PipelineEnabled, opts.ShimConfig)
 	if err := os.WriteFile(n.ShimConf, []byte(shimConf), 0o644); err != nil {
 		return nil, err

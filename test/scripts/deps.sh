@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a local node needs (CNI plugins, busybox-static
-# for the images, iproute2), skipping what is already installed.
+# for the images, iproute2, and libseccomp-dev with pkg-config to build runc
+# with seccomp), skipping what is already installed.
 set -euo pipefail
-PACKAGES=(containernetworking-plugins busybox-static iproute2)
+PACKAGES=(containernetworking-plugins busybox-static iproute2 libseccomp-dev pkg-config)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -8,6 +8,9 @@ TOOLS_DIR=${TOOLS_DIR:-${HOME}/.cache/bulkhead/tools}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
 OPA_VERSION=${OPA_VERSION:-v1.22.4}
+# runc for the bulkhead-runc handler: built with seccomp (cgo, Debian's
+# libseccomp-dev), never Debian's older runc.
+RUNC_VERSION=${RUNC_VERSION:-v1.5.3}
 # runsc must match the gVisor version of go.mod (the shim links the same library).
 GVISOR_VERSION=${GVISOR_VERSION:-$(cd "$(dirname "$0")/../.." && go list -m -f '{{.Version}}' gvisor.dev/gvisor)}
 
@@ -36,5 +39,6 @@ install_tool containerd "${CONTAINERD_VERSION}" 1 \
 install_tool runsc "${GVISOR_VERSION}" 0 "gvisor.dev/gvisor/runsc@${GVISOR_VERSION}"
 install_tool crictl "${CRICTL_VERSION}" 0 "sigs.k8s.io/cri-tools/cmd/crictl@${CRICTL_VERSION}"
 install_tool opa "${OPA_VERSION}" 0 "github.com/open-policy-agent/opa@${OPA_VERSION}"
+install_tool runc "${RUNC_VERSION}" 1 -tags seccomp "github.com/opencontainers/runc@${RUNC_VERSION}"
 
 echo "tools: installed in ${GOBIN}"

@@ -1,0 +1,121 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/bulkhead-runtime/bulkhead/test/images"
+	"github.com/bulkhead-runtime/bulkhead/test/node"
+)
+
+// runcTierMissing says what this machine lacks for the runc tier, or "".
+func runcTierMissing() string {
+	for _, bin := range []string{"containerd-shim-bulkhead-runc-v1", "runc"} {
+		found := false
+		for _, d := range node.BinDirs() {
+			if st, err := os.Stat(d + "/" + bin); err == nil && st.Mode()&0o111 != 0 {
+				found = true
+			}
+		}
+		if !found {
+			return "needs " + bin + " (make build tools)"
+		}
+	}
+	return ""
+}
+
+// TestRuncTierPlacesMIGSlices: the trusted tier runs on runc through
+// Bulkhead (handler bulkhead-runc) and gets a real MIG slice from the
+// hardware-true mock: a GPU instance at a valid placement, its UUID in the
+// container's environment, destroyed with the pod. An untrusted pod on that
+// handler is refused with the rule id.
+func TestRuncTierPlacesMIGSlices(t *testing.T) {
+	if why := runcTierMissing(); why != "" {
+		t.Skip("runc tier: " + why)
+	}
+	pn := startPipelineNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	run := func(cfg *cri.PodSandboxConfig) (string, error) {
+		if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
+			return "", err
+		}
+		resp, err := pn.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: node.RuncHandler})
+		if err != nil {
+			return "", err
+		}
+		return resp.PodSandboxId, nil
+	}
+
+	agent := podConfig(pn.Node, "agent-runc", "agents", nil)
+	if _, err := run(agent); err == nil || !strings.Contains(err.Error(), "runtime.runc_forbidden") {
+		t.Errorf("untrusted pod on %s: %v, want a refusal naming runtime.runc_forbidden", node.RuncHandler, err)
+	} else {
+		t.Logf("refused as expected: %v", err)
+	}
+
+	trainer := podConfig(pn.Node, "trainer", "platform", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"})
+	id, err := run(trainer)
+	if err != nil {
+		t.Fatalf("trusted pod with a 3g.71gb slice on %s: %v", node.RuncHandler, err)
+	}
+	insts := pn.migInstances(t)
+	if len(insts) != 1 || insts[0].Profile != "3g.71gb" || !strings.HasPrefix(insts[0].UUID, "MIG-") {
+		t.Fatalf("MIG instances after the pod started: %+v, want one 3g.71gb", insts)
+	}
+	if s := insts[0].Start; s != 0 && s != 4 {
+		t.Errorf("3g instance at start %d: real hardware places 3g at 0 or 4", s)
+	}
+	res := pn.ledger(t)
+	if len(res) != 1 || res[0].Instance == nil || res[0].Instance.UUID != insts[0].UUID {
+		t.Errorf("ledger: %+v, want the pod's reservation holding the instance", res)
+	}
+
+	resp, err := pn.Runtime.CreateContainer(ctx, &cri.CreateContainerRequest{
+		PodSandboxId: id,
+		Config: &cri.ContainerConfig{
+			Metadata: &cri.ContainerMetadata{Name: "main"},
+			Image:    &cri.ImageSpec{Image: images.WorkloadImage},
+			Command:  []string{"/bin/sh", "-c", "exec sleep 3600"},
+			LogPath:  "main.log",
+			Linux:    &cri.LinuxContainerConfig{},
+		},
+		SandboxConfig: trainer,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pn.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	// The container's own process (exec'd processes take containerd's
+	// stored spec, which the shim does not rewrite).
+	env, err := execSync(ctx, pn.Node, resp.ContainerId, "sh", "-c", "tr '\\0' '\\n' </proc/1/environ | sed -n 's/^NVIDIA_VISIBLE_DEVICES=//p'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(env); got != insts[0].UUID {
+		t.Errorf("NVIDIA_VISIBLE_DEVICES = %q, want the instance's %s", got, insts[0].UUID)
+	}
+	// runc: the container sees the host's kernel, not gVisor's.
+	host, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	if rel, err := execSync(ctx, pn.Node, resp.ContainerId, "cat", "/proc/sys/kernel/osrelease"); err != nil || strings.TrimSpace(rel) != strings.TrimSpace(string(host)) {
+		t.Errorf("kernel in the runc pod: %q (%v), want the host's %q", rel, err, host)
+	}
+
+	if err := removePod(ctx, pn.Node, id); err != nil {
+		t.Fatal(err)
+	}
+	if insts := pn.migInstances(t); len(insts) != 0 {
+		t.Errorf("MIG instances after removal: %+v", insts)
+	}
+	if res := pn.ledger(t); len(res) != 0 {
+		t.Errorf("ledger after removal: %d reservations", len(res))
+	}
+}
