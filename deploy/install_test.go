@@ -74,6 +74,8 @@ func newHostRoot(t *testing.T, config string) hostRoot {
 	}
 	write(filepath.Join(h.src, "bin/containerd-shim-bulkhead-v1"), "#!/bin/true shim\n")
 	write(filepath.Join(h.src, "bin/runsc"), "#!/bin/true runsc\n")
+	write(filepath.Join(h.src, "bin/containerd-shim-bulkhead-runc-v1"), "#!/bin/true runc shim\n")
+	write(filepath.Join(h.src, "bin/runc"), "#!/bin/true runc\n")
 	write(filepath.Join(h.src, "policy/bundle.tar.gz"), "bundle v1")
 	write(filepath.Join(h.src, "policy/bundle.pem"), "key")
 	if config != "" {
@@ -177,6 +179,8 @@ func TestInstallerRegistersRuntime(t *testing.T) {
 				{[]string{"restrict_oom_score_adj"}, true},
 				{[]string{"containerd", "runtimes", "bulkhead", "runtime_type"}, "io.containerd.bulkhead.v1"},
 				{[]string{"containerd", "runtimes", "bulkhead", "runtime_path"}, "/usr/local/bin/containerd-shim-bulkhead-v1"},
+				{[]string{"containerd", "runtimes", "bulkhead-runc", "runtime_type"}, "io.containerd.bulkhead-runc.v1"},
+				{[]string{"containerd", "runtimes", "bulkhead-runc", "runtime_path"}, "/usr/local/bin/containerd-shim-bulkhead-runc-v1"},
 			}
 			if hc.config != "" {
 				// What the host had survives the merge.
@@ -194,7 +198,7 @@ func TestInstallerRegistersRuntime(t *testing.T) {
 			if ann, _ := lookup(cri, "containerd", "runtimes", "bulkhead", "pod_annotations"); !strings.Contains(fmt.Sprint(ann), "bulkhead.dev/*") {
 				t.Errorf("pod_annotations = %v: the shim needs the bulkhead.dev/ annotations", ann)
 			}
-			for _, f := range []string{"usr/local/bin/containerd-shim-bulkhead-v1", "usr/local/bin/runsc", "etc/bulkhead/config.toml", "etc/bulkhead/bundle.tar.gz", "etc/bulkhead/keys/bundle.pem"} {
+			for _, f := range []string{"usr/local/bin/containerd-shim-bulkhead-v1", "usr/local/bin/runsc", "usr/local/bin/containerd-shim-bulkhead-runc-v1", "usr/local/bin/bulkhead-runc", "etc/bulkhead/config.toml", "etc/bulkhead/bundle.tar.gz", "etc/bulkhead/keys/bundle.pem"} {
 				if _, err := os.Stat(filepath.Join(h.dir, f)); err != nil {
 					t.Errorf("not installed: %v", err)
 				}
@@ -220,16 +224,20 @@ func TestInstallerRegistersRuntime(t *testing.T) {
 			// Uninstall leaves a config containerd loads, without the runtime.
 			h.run(t, "uninstall")
 			cfg = h.load(t)
-			if _, ok := lookup(cfg.Plugins[hc.cri], "containerd", "runtimes", "bulkhead"); ok {
-				t.Error("runtime bulkhead still configured after uninstall")
+			for _, rt := range []string{"bulkhead", "bulkhead-runc"} {
+				if _, ok := lookup(cfg.Plugins[hc.cri], "containerd", "runtimes", rt); ok {
+					t.Errorf("runtime %s still configured after uninstall", rt)
+				}
 			}
 			if hc.config != "" {
 				if _, ok := lookup(cfg.Plugins[hc.cri], "containerd", "runtimes", "runc"); !ok {
 					t.Error("uninstall lost the host's runc runtime")
 				}
 			}
-			if _, err := os.Stat(filepath.Join(h.dir, "usr/local/bin/containerd-shim-bulkhead-v1")); !os.IsNotExist(err) {
-				t.Errorf("shim left after uninstall: %v", err)
+			for _, f := range []string{"containerd-shim-bulkhead-v1", "containerd-shim-bulkhead-runc-v1", "bulkhead-runc", "runsc"} {
+				if _, err := os.Stat(filepath.Join(h.dir, "usr/local/bin", f)); !os.IsNotExist(err) {
+					t.Errorf("%s left after uninstall: %v", f, err)
+				}
 			}
 		})
 	}

@@ -583,6 +583,7 @@ func TestNodeCrossReferences(t *testing.T) {
 // nodeConfigFile mirrors the shim's /etc/bulkhead/config.toml keys.
 type nodeConfigFile struct {
 	RunscPath  string `toml:"runsc_path"`
+	RuncPath   string `toml:"runc_path"`
 	RunscRoot  string `toml:"runsc_root"`
 	StateDir   string `toml:"state_dir"`
 	LedgerPath string `toml:"ledger_path"`

@@ -31,6 +31,10 @@ READY_FILE=${READY_FILE:-/tmp/bulkhead-ready}
 RUNTIME_NAME=bulkhead
 RUNTIME_TYPE=io.containerd.bulkhead.v1
 SHIM=containerd-shim-bulkhead-v1
+# The runc tier: trusted pods on the host kernel, behind the same pipeline.
+RUNC_RUNTIME_NAME=bulkhead-runc
+RUNC_RUNTIME_TYPE=io.containerd.bulkhead-runc.v1
+RUNC_SHIM=containerd-shim-bulkhead-runc-v1
 
 log() { echo "bulkhead-node: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -103,6 +107,12 @@ version = $1
   runtime_path = "/usr/local/bin/$SHIM"
   # The shim reads the pod's requests (GPU profile, RDMA) from these.
   pod_annotations = ["bulkhead.dev/*"]
+
+# The runc tier; the policy lets only the tiers it names use it.
+[$cri.containerd.runtimes.$RUNC_RUNTIME_NAME]
+  runtime_type = "$RUNC_RUNTIME_TYPE"
+  runtime_path = "/usr/local/bin/$RUNC_SHIM"
+  pod_annotations = ["bulkhead.dev/*"]
 EOF
 }
 
@@ -141,6 +151,9 @@ install() {
 	[ -d "$HOST_ROOT" ] || die "HOST_ROOT $HOST_ROOT: not a directory (mount the host's / there)"
 	put "$BIN_SRC/$SHIM" "/usr/local/bin/$SHIM" 0755 >/dev/null
 	put "$BIN_SRC/runsc" /usr/local/bin/runsc 0755 >/dev/null
+	put "$BIN_SRC/$RUNC_SHIM" "/usr/local/bin/$RUNC_SHIM" 0755 >/dev/null
+	# Bulkhead's own runc build (config.toml runc_path), not the host's.
+	put "$BIN_SRC/runc" /usr/local/bin/bulkhead-runc 0755 >/dev/null
 	sync_files >/dev/null
 	mkdir -p "$HOST_ROOT/run/bulkhead" "$HOST_ROOT/var/lib/bulkhead"
 
@@ -156,7 +169,7 @@ install() {
 		fi
 	fi
 	touch "$READY_FILE"
-	log "runtime $RUNTIME_NAME ($RUNTIME_TYPE) installed, containerd config version $version"
+	log "runtimes $RUNTIME_NAME ($RUNTIME_TYPE) and $RUNC_RUNTIME_NAME ($RUNC_RUNTIME_TYPE) installed, containerd config version $version"
 }
 
 uninstall() {
@@ -174,7 +187,8 @@ uninstall() {
 		rm -f "$tmp"
 		changed=yes
 	fi
-	rm -f "$HOST_ROOT/usr/local/bin/$SHIM" "$HOST_ROOT/usr/local/bin/runsc"
+	rm -f "$HOST_ROOT/usr/local/bin/$SHIM" "$HOST_ROOT/usr/local/bin/runsc" \
+		"$HOST_ROOT/usr/local/bin/$RUNC_SHIM" "$HOST_ROOT/usr/local/bin/bulkhead-runc"
 	rm -rf "$HOST_ROOT/etc/bulkhead"
 	if [ -n "$changed" ] && [ -n "$RESTART_CONTAINERD" ]; then
 		sh -c "$RESTART_CONTAINERD" || die "restarting containerd failed: $RESTART_CONTAINERD"
