@@ -39,6 +39,8 @@ test: build build-failpoints tools ## Run every test: unit, Rego (with coverage 
 	echo "go test exit status $$rc (full log: .test.log)"; [ $$rc -eq 0 ] || exit $$rc; \
 	echo "race detector: policy evaluation shared between goroutines"; \
 	$(GO) test -race -count=1 -run 'TestPlanConcurrent|TestEvalHonoursCancellation|TestRuleCacheFollowsInput|TestServerAdmissionReviews|TestReviewsWaitForACPU' ./policy/...
+	@echo "fuzz: the compiled plan against OPA's interpreter on drawn inputs and data, 30 s (corpus: policy/testdata/fuzz)"
+	$(GO) test -run '^$$' -fuzz '^FuzzEvaluatorsAgree$$' -fuzztime 30s ./policy
 
 .PHONY: test-unit
 test-unit: ## Run the unprivileged unit tests only (short mode).
