@@ -584,6 +584,7 @@ func TestNodeCrossReferences(t *testing.T) {
 type nodeConfigFile struct {
 	RunscPath  string `toml:"runsc_path"`
 	RuncPath   string `toml:"runc_path"`
+	RuncRoot   string `toml:"runc_root"`
 	RunscRoot  string `toml:"runsc_root"`
 	StateDir   string `toml:"state_dir"`
 	LedgerPath string `toml:"ledger_path"`

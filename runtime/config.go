@@ -32,6 +32,8 @@ type Config struct {
 	// RuncPath is the absolute path of the runc binary that runs the runc
 	// tier's pods (handler bulkhead-runc).
 	RuncPath string `toml:"runc_path"`
+	// RuncRoot is runc's state root (--root) for the runc tier's containers.
+	RuncRoot string `toml:"runc_root"`
 	// RunscRoot is runsc's state root (--root). Each sandbox keeps its
 	// container state there.
 	RunscRoot string `toml:"runsc_root"`
@@ -173,6 +175,7 @@ func DefaultConfig() Config {
 	return Config{
 		RunscPath:       "/usr/local/bin/runsc",
 		RuncPath:        "/usr/local/bin/runc",
+		RuncRoot:        "/run/bulkhead/runc",
 		RunscRoot:       "/run/bulkhead/runsc",
 		StateDir:        "/run/bulkhead",
 		LedgerPath:      "/var/lib/bulkhead/ledger.db",
@@ -244,7 +247,7 @@ var (
 // Validate checks every field and names the first bad one.
 func (c Config) Validate() error {
 	for _, p := range []struct{ key, val string }{
-		{"runsc_path", c.RunscPath}, {"runc_path", c.RuncPath}, {"runsc_root", c.RunscRoot}, {"state_dir", c.StateDir}, {"ledger_path", c.LedgerPath},
+		{"runsc_path", c.RunscPath}, {"runc_path", c.RuncPath}, {"runc_root", c.RuncRoot}, {"runsc_root", c.RunscRoot}, {"state_dir", c.StateDir}, {"ledger_path", c.LedgerPath},
 		{"kubelet_root", c.KubeletRoot}, {"containerd_root", c.ContainerdRoot}, {"containerd_state", c.ContainerdState},
 	} {
 		if p.val == "" {

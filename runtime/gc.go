@@ -33,7 +33,8 @@ func (r GCReport) Empty() bool {
 }
 
 // SandboxAlive reports whether sandbox id still exists on the node: its
-// shim process runs, or runsc still has state for it.
+// shim process runs, or runsc (gVisor) or runc (the runc tier) still has
+// state for it.
 func SandboxAlive(cfg Config, id string, shimPID int) bool {
 	if shimPID > 0 && shimRunning(shimPID) {
 		return true
@@ -41,6 +42,12 @@ func SandboxAlive(cfg Config, id string, shimPID int) bool {
 	// runsc names state files <container>_sandbox:<sandbox>.state under
 	// <root>/<namespace>; the pause container's is among them.
 	matches, _ := filepath.Glob(filepath.Join(cfg.RunscRoot, "*", "*_sandbox:"+id+".state"))
+	if len(matches) > 0 {
+		return true
+	}
+	// A runc-tier container outlives its shim until containerd has runc
+	// delete it: runc keeps <root>/<namespace>/<id>/state.json until then.
+	matches, _ = filepath.Glob(filepath.Join(cfg.RuncRoot, "*", id, "state.json"))
 	return len(matches) > 0
 }
 

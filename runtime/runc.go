@@ -89,7 +89,7 @@ func (t *RuncTask) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*t
 	// containerd's CRI sends a runtime type other than runc.v2 generic
 	// options that runc's task service cannot read: the runc tier is
 	// configured from Bulkhead's own file instead.
-	opts, err := typeurl.MarshalAnyToProto(&runcoptions.Options{BinaryName: t.cfg.RuncPath})
+	opts, err := typeurl.MarshalAnyToProto(&runcoptions.Options{BinaryName: t.cfg.RuncPath, Root: t.cfg.RuncRoot})
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -118,4 +120,59 @@ func TestRuncTierPlacesMIGSlices(t *testing.T) {
 	if res := pn.ledger(t); len(res) != 0 {
 		t.Errorf("ledger after removal: %d reservations", len(res))
 	}
+}
+
+// TestRuncShimKilledThenGC: kill -9 of a runc pod's shim while it holds a
+// MIG instance, the kubelet's stop and remove of the broken sandbox, then
+// `bulkhead node gc`: no instance, reservation, record or fence entry is
+// left, and a second pass finds nothing.
+func TestRuncShimKilledThenGC(t *testing.T) {
+	if why := runcTierMissing(); why != "" {
+		t.Skip("runc tier: " + why)
+	}
+	pn := startPipelineNode(t)
+	cli := bulkheadCLI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	cfg := podConfig(pn.Node, "victim", "platform", map[string]string{"bulkhead.dev/gpu-profile": "2g.35gb"})
+	if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := pn.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: node.RuncHandler})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := pn.ledger(t)
+	if len(res) != 1 || res[0].Instance == nil {
+		t.Fatalf("ledger: %+v, want one reservation holding a MIG instance", res)
+	}
+	if err := syscall.Kill(res[0].ShimPID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 shim %d: %v", res[0].ShimPID, err)
+	}
+	// What the kubelet does with a sandbox whose shim died.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, serr := pn.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: resp.PodSandboxId})
+		_, rerr := pn.Runtime.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: resp.PodSandboxId})
+		if serr == nil && rerr == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stop/remove after the shim died: %v / %v", serr, rerr)
+		}
+		time.Sleep(time.Second)
+	}
+	out, err := exec.CommandContext(ctx, cli, "node", "gc", "--config", pn.ShimConf).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bulkhead node gc: %v\n%s", err, out)
+	}
+	t.Logf("bulkhead node gc: %s", out)
+	if out, err := exec.CommandContext(ctx, cli, "node", "gc", "--config", pn.ShimConf).CombinedOutput(); err != nil || strings.Contains(string(out), resp.PodSandboxId) {
+		t.Errorf("second gc: %v\n%s", err, out)
+	}
+	if insts := pn.migInstances(t); len(insts) != 0 {
+		t.Errorf("MIG instances after gc: %+v", insts)
+	}
+	pn.assertNodeClean(t)
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +44,9 @@ type Options struct {
 	Bridge string
 	// Subnet is the pod CIDR of the bridge, e.g. "10.88.7.0/24".
 	Subnet string
+	// Subnet6, when set, is the bridge's IPv6 pod CIDR too (a ULA prefix,
+	// e.g. "fd88:7::/64"): pods get an address of each family.
+	Subnet6 string
 	// Shim is the shim binary to register; empty looks up
 	// containerd-shim-bulkhead-v1 in BinDir. FailpointShim finds the test
 	// build that honours the pipeline's failpoints.
@@ -191,7 +195,7 @@ var cniConfig = template.Must(template.New("cni").Parse(`{
       "ipam": {
         "type": "host-local",
         "dataDir": "{{.Dir}}/cni-ipam",
-        "ranges": [[{"subnet": "{{.Subnet}}"}]]
+        "ranges": [[{"subnet": "{{.Subnet}}"}]{{if .Subnet6}}, [{"subnet": "{{.Subnet6}}"}]{{end}}]
       }
     },
     {"type": "loopback"}
@@ -253,7 +257,7 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	}
 	data := map[string]string{
 		"Dir": opts.Dir, "Socket": n.Socket, "PauseImage": images.PauseImage, "Handler": Handler,
-		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet,
+		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet, "Subnet6": opts.Subnet6,
 		"RuncShim": runcShim, "RuncHandler": RuncHandler,
 	}
 	if err := writeTemplate(filepath.Join(opts.Dir, "containerd.toml"), containerdConfig, data); err != nil {
@@ -267,6 +271,7 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	}
 	shimConf := fmt.Sprintf(`runsc_path = %q
 runc_path = %q
+runc_root = %q
 runsc_root = %q
 state_dir = %q
 ledger_path = %q
@@ -278,7 +283,7 @@ platform = "systrap"
 network = "sandbox"
 [pipeline]
 enabled = %t
-%s`, runsc, runc, n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
+%s`, runsc, runc, filepath.Join(opts.Dir, "runc-root"), n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
 		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), opts.PipelineEnabled, opts.ShimConfig)
 	if err := os.WriteFile(n.ShimConf, []byte(shimConf), 0o644); err != nil {
 		return nil, err
@@ -534,6 +539,9 @@ type Pipeline struct {
 	Signed bool
 	// BinDirs locate opa when Signed.
 	BinDirs []string
+	// Subnet6 is the node's IPv6 pod CIDR, when it has one: a cluster CIDR,
+	// whose gateway (the first address) is a shared service like the IPv4 one.
+	Subnet6 string
 }
 
 // ShimConfig writes the pipeline's files under dir and returns the TOML
@@ -558,6 +566,15 @@ func (p Pipeline) ShimConfig(dir, subnet string) (string, error) {
 	}
 	ip, _, _ := strings.Cut(subnet, "/")
 	gw := strings.TrimSuffix(ip, ".0") + ".1"
+	var cidr6, gw6 string
+	if p.Subnet6 != "" {
+		pfx, err := netip.ParsePrefix(p.Subnet6)
+		if err != nil || !pfx.Addr().Is6() {
+			return "", fmt.Errorf("Subnet6 %q: not an IPv6 prefix", p.Subnet6)
+		}
+		cidr6 = fmt.Sprintf(", %q", pfx.Masked())
+		gw6 = fmt.Sprintf(`, "%s/128"`, pfx.Masked().Addr().Next())
+	}
 	return fmt.Sprintf(`[policy]
 %sdecision_log = %q
 [mig]
@@ -569,11 +586,11 @@ mock_state = %q
 enabled = true
 pin_dir = %q
 lock_path = %q
-cluster_cidrs = [%q]
+cluster_cidrs = [%q%s]
 [netpol.shared_services]
-untrusted = ["%s/32"]
-standard = ["%s/32"]
-trusted = ["%s/32"]
+untrusted = ["%s/32"%s]
+standard = ["%s/32"%s]
+trusted = ["%s/32"%s]
 `, policyConf, filepath.Join(dir, "decisions.log"), p.MockModel, p.MockGPUs, filepath.Join(dir, "mock-gpus.json"),
-		p.PinDir, filepath.Join(dir, "netpol.lock"), subnet, gw, gw, gw), nil
+		p.PinDir, filepath.Join(dir, "netpol.lock"), subnet, cidr6, gw, gw6, gw, gw6, gw, gw6), nil
 }
