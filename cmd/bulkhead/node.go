@@ -77,9 +77,11 @@ func runNode(args []string) int {
 
 // NodeStatus is what `bulkhead node status` reports.
 type NodeStatus struct {
-	Tenants    []TenantStatus          `json:"tenants"`
-	GPUs       []mig.GPUUsage          `json:"gpus"`
-	Placements []mig.Placement         `json:"placements"`
+	Tenants    []TenantStatus  `json:"tenants"`
+	GPUs       []mig.GPUUsage  `json:"gpus"`
+	Placements []mig.Placement `json:"placements"`
+	// Instances are the MIG instances the node's pods hold (runc tier).
+	Instances  []MIGInstance           `json:"mig_instances"`
 	Endpoints  []netpol.EndpointInfo   `json:"endpoints"`
 	Drops      map[string]netpol.Stats `json:"drops"`
 	Sandboxes  []*runtime.Reservation  `json:"sandboxes"`
@@ -87,6 +89,13 @@ type NodeStatus struct {
 	LedgerPath string                  `json:"ledger_path"`
 	// Fence is "enabled" or "DISABLED (netpol.enabled = false)".
 	Fence string `json:"fence"`
+}
+
+// MIGInstance is a MIG instance and the pod holding it.
+type MIGInstance struct {
+	mig.Instance
+	Sandbox string `json:"sandbox"`
+	Tenant  string `json:"tenant"`
 }
 
 // TenantStatus is a tenant's usage on this node.
@@ -129,6 +138,9 @@ func nodeStatus(cfg runtime.Config, c runtime.Components) (*NodeStatus, error) {
 		ts.MemoryBytes += r.MemoryBytes
 		if r.GPU != nil {
 			st.Placements = append(st.Placements, *r.GPU)
+		}
+		if r.Instance != nil {
+			st.Instances = append(st.Instances, MIGInstance{Instance: *r.Instance, Sandbox: r.SandboxID, Tenant: r.Tenant})
 		}
 	}
 	for _, ts := range byTenant {
@@ -242,6 +254,12 @@ func printStatus(w io.Writer, st *NodeStatus) {
 				}
 			}
 			fmt.Fprintf(w, "%d\t%s\t%d/7\t%d/8\t%v\n", g.Index, g.Model, g.Compute, g.Slots, pls)
+		}
+	}
+	if len(st.Instances) > 0 {
+		fmt.Fprintln(w, "\nMIG INSTANCES")
+		for _, in := range st.Instances {
+			fmt.Fprintf(w, "  gpu %d gi %d ci %d %s@%d %s tenant=%s sandbox=%.12s\n", in.GPU, in.GI, in.CI, in.Profile, in.Start, in.UUID, in.Tenant, in.Sandbox)
 		}
 	}
 	if len(st.Endpoints) > 0 {

@@ -23,7 +23,8 @@ import (
 
 const tenants = `{"bulkhead": {"tenants": {
   "agents":   {"tier": "untrusted", "namespaces": ["agents"],   "egress_cidrs": ["10.96.0.0/12"], "quota": {"sandboxes": 3, "gpu_slices": 3, "memory": "64Gi"}},
-  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 10, "gpu_slices": 14, "memory": "512Gi"}}
+  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 10, "gpu_slices": 14, "memory": "512Gi"}},
+  "training": {"tier": "trusted",   "namespaces": ["training"], "quota": {"sandboxes": 10, "gpu_slices": 14, "memory": "512Gi"}}
 }}}`
 
 func main() {
@@ -69,7 +70,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	say("starting a private node in %s: containerd v2.4.2, Bulkhead's shim as handler %q, gVisor,\n    the default policy bundle (rego/) built and signed with `opa build --signing-key` (key id %q,\n    scope %q) and verified by the node, two mock H200 GPUs and the eBPF fence", dir, node.Handler, node.BundleKeyID, node.BundleScope)
-	fmt.Printf("    tenants: agents (tier untrusted, quota 3 sandboxes), research (tier standard)\n")
+	fmt.Printf("    tenants: agents (tier untrusted, quota 3 sandboxes), research (tier standard), training (tier trusted)\n")
 	n, err := node.Start(ctx, node.Options{Dir: dir, BinDir: bins, Bridge: "bh-demo0", Subnet: subnet, PipelineEnabled: true, ShimConfig: shimConf})
 	if err != nil {
 		return err
@@ -84,15 +85,16 @@ func run(ctx context.Context) error {
 	say("policy refusals (the message is what the kubelet and crictl see)")
 	hostRoot := []*cri.Mount{{HostPath: "/", ContainerPath: "/host", Readonly: true}}
 	for _, r := range []struct {
-		name, ns, why string
-		ann           map[string]string
-		mounts        []*cri.Mount
+		name, ns, handler, why string
+		ann                    map[string]string
+		mounts                 []*cri.Mount
 	}{
-		{"stranger", "default", "a namespace that belongs to no tenant", nil, nil},
-		{"agent-gpu", "agents", "an untrusted agent asking for a MIG slice (gVisor cannot expose MIG devices)", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}, nil},
-		{"agent-hostfs", "agents", "an untrusted agent whose container mounts the host's / (judged by the node\n      from the container's OCI spec, webhook or not)", nil, hostRoot},
+		{"stranger", "default", node.Handler, "a namespace that belongs to no tenant", nil, nil},
+		{"agent-gpu", "agents", node.Handler, "an untrusted agent asking for a MIG slice (gVisor cannot expose MIG devices)", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}, nil},
+		{"agent-hostfs", "agents", node.Handler, "an untrusted agent whose container mounts the host's / (judged by the node\n      from the container's OCI spec, webhook or not)", nil, hostRoot},
+		{"agent-runc", "agents", node.RuncHandler, "an untrusted agent asking for runc (the host's kernel) with handler " + node.RuncHandler, nil, nil},
 	} {
-		_, err := d.runPod(r.name, r.ns, r.ann, "", r.mounts...)
+		_, err := d.runPod(r.handler, r.name, r.ns, r.ann, "", r.mounts...)
 		fmt.Printf("    %s/%s — %s:\n      ", r.ns, r.name, r.why)
 		if err == nil {
 			return fmt.Errorf("%s/%s was admitted; the policy should refuse it", r.ns, r.name)
@@ -106,30 +108,42 @@ func run(ctx context.Context) error {
 
 	say("admitted pods")
 	server := "exec netprobe serve tcp:8080 udp:9090 udp:4791"
-	coder1, err := d.runPod("coder-1", "agents", nil, server)
+	coder1, err := d.runPod(node.Handler, "coder-1", "agents", nil, server)
 	if err != nil {
 		return err
 	}
-	coder2, err := d.runPod("coder-2", "agents", nil, "exec sleep 3600")
+	coder2, err := d.runPod(node.Handler, "coder-2", "agents", nil, "exec sleep 3600")
 	if err != nil {
 		return err
 	}
-	trainer, err := d.runPod("trainer", "research", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"}, server)
+	notebook, err := d.runPod(node.Handler, "notebook", "research", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"}, server)
 	if err != nil {
 		return err
 	}
-	for _, p := range []*pod{coder1, coder2, trainer} {
+	trainer, err := d.runPod(node.RuncHandler, "trainer", "training", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"}, "exec sleep 3600")
+	if err != nil {
+		return err
+	}
+	for _, p := range []*pod{coder1, coder2, notebook} {
 		fmt.Printf("    %-18s sandbox %s  IP %-12s  in gVisor\n", p.label, p.id[:12], p.ip)
 	}
-	fmt.Println("    research/trainer asked for a 3g.71gb MIG slice: gVisor cannot use one, and the standard")
+	fmt.Printf("    %-18s sandbox %s  IP %-12s  on runc (handler %s)\n", trainer.label, trainer.id[:12], trainer.ip, node.RuncHandler)
+	fmt.Println("    research/notebook asked for a 3g.71gb MIG slice: gVisor cannot use one, and the standard")
 	fmt.Println("    tier's policy answers mig_in_sandbox = whole-gpu, so it holds a whole GPU instead.")
+	fmt.Println("    training/trainer (tier trusted) runs on runc, so its 3g.71gb request became a real MIG")
+	fmt.Println("    instance (GPU instance + compute instance through NVML's mock H200):")
+	env, err := d.exec(trainer, "sh", "-c", "tr '\\0' '\\n' </proc/1/environ | grep ^NVIDIA_VISIBLE_DEVICES=")
+	if err != nil {
+		return fmt.Errorf("training/trainer: reading its environment: %w", err)
+	}
+	fmt.Printf("    inside training/trainer: %s\n", strings.TrimSpace(env))
 	dmesg, _ := d.exec(coder1, "dmesg")
 	fmt.Printf("    inside agents/coder-1: %s\n", firstLine(dmesg))
 
 	say("traffic")
 	d.try(coder2, coder1, "agents → agents (same tenant)")
-	d.try(trainer, coder1, "research → agents (across tenants)")
-	d.try(coder1, trainer, "agents → research (across tenants)")
+	d.try(notebook, coder1, "research → agents (across tenants)")
+	d.try(coder1, notebook, "agents → research (across tenants)")
 	fmt.Println("    (RoCEv2 needs the tier's RDMA grant on both ends; the untrusted tier has none.)")
 
 	say("bulkhead node status: usage against quota, GPU layout, fenced endpoints, drop counters")
@@ -138,7 +152,7 @@ func run(ctx context.Context) error {
 	}
 
 	say("removing the pods")
-	for _, p := range []*pod{coder1, coder2, trainer} {
+	for _, p := range []*pod{coder1, coder2, notebook, trainer} {
 		if _, err := n.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: p.id}); err != nil {
 			return err
 		}
@@ -159,7 +173,7 @@ func firstLine(s string) string {
 
 // runPod runs a pod with one busybox container; a pod whose container
 // cannot start is removed again, so nothing of it stays behind.
-func (d *demo) runPod(name, ns string, ann map[string]string, script string, mounts ...*cri.Mount) (_ *pod, retErr error) {
+func (d *demo) runPod(handler, name, ns string, ann map[string]string, script string, mounts ...*cri.Mount) (_ *pod, retErr error) {
 	cfg := &cri.PodSandboxConfig{
 		Metadata:     &cri.PodSandboxMetadata{Name: name, Namespace: ns, Uid: ns + "-" + name},
 		Hostname:     name,
@@ -170,7 +184,7 @@ func (d *demo) runPod(name, ns string, ann map[string]string, script string, mou
 	if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
 		return nil, err
 	}
-	sb, err := d.n.Runtime.RunPodSandbox(d.ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: node.Handler})
+	sb, err := d.n.Runtime.RunPodSandbox(d.ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
 	if err != nil {
 		return nil, err
 	}

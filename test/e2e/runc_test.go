@@ -78,6 +78,9 @@ func TestRuncTierPlacesMIGSlices(t *testing.T) {
 	if len(res) != 1 || res[0].Instance == nil || res[0].Instance.UUID != insts[0].UUID {
 		t.Errorf("ledger: %+v, want the pod's reservation holding the instance", res)
 	}
+	if out, err := exec.CommandContext(ctx, bulkheadCLI(t), "node", "status", "--config", pn.ShimConf).CombinedOutput(); err != nil || !strings.Contains(string(out), insts[0].UUID) {
+		t.Errorf("bulkhead node status does not list the instance %s: %v\n%s", insts[0].UUID, err, out)
+	}
 
 	resp, err := pn.Runtime.CreateContainer(ctx, &cri.CreateContainerRequest{
 		PodSandboxId: id,
