@@ -1,11 +1,16 @@
 package policy
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,31 +20,56 @@ import (
 	"github.com/open-policy-agent/opa/v1/bundle"
 )
 
-// maxBundleBytes bounds every file read from a bundle.
-const maxBundleBytes = 64 << 20
+// bundleLimits bound what reading a bundle may take: inflated bytes (the
+// sum of its files) and files.
+type bundleLimits struct {
+	bytes int64
+	files int
+}
+
+// ErrBundleTooLarge is the error (errors.Is) of a bundle or data file
+// refused for a bound of Options (MaxBundleBytes, MaxBundleFiles).
+var ErrBundleTooLarge = errors.New("bundle exceeds a configured bound")
+
+// limitKeys names where the bounds are set.
+const limitKeys = " (policy.Options.MaxBundleBytes/MaxBundleFiles; shim: [policy] max_bundle_bytes/max_bundle_files; webhook: --max-bundle-bytes/--max-bundle-files)"
+
+func tooLarge(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBundleTooLarge}, args...)...)
+}
 
 // readBundle reads the bundle at path (a directory or a .tar.gz), verifying
 // its signature against vc unless vc is nil. It returns the bundle and its
 // revision: the manifest's revision, or a content digest when it has none.
-func readBundle(path string, vc *bundle.VerificationConfig) (*bundle.Bundle, string, error) {
+// A bundle beyond lim is refused before anything of it is kept: OPA's
+// tarball loader inflates every file into memory before the signature is
+// looked at, and bounds only each file.
+func readBundle(path string, vc *bundle.VerificationConfig, lim bundleLimits) (*bundle.Bundle, string, error) {
 	info, err := os.Stat(path)
 	if err != nil {
 		return nil, "", err
 	}
 	var loader bundle.DirectoryLoader
 	if info.IsDir() {
+		if err := checkDirectory(path, lim); err != nil {
+			return nil, "", err
+		}
 		loader = bundle.NewDirectoryLoader(path)
 	} else {
-		f, err := os.Open(path)
+		// Read once and check what was read: the file may change on disk
+		// between a check and a second read.
+		raw, err := readAtMost(path, lim.bytes)
 		if err != nil {
 			return nil, "", err
 		}
-		defer f.Close()
-		loader = bundle.NewTarballLoaderWithBaseURL(f, path)
+		if err := checkTarball(raw, lim); err != nil {
+			return nil, "", err
+		}
+		loader = bundle.NewTarballLoaderWithBaseURL(bytes.NewReader(raw), path)
 	}
-	reader := bundle.NewCustomReader(loader.WithSizeLimitBytes(maxBundleBytes)).
+	reader := bundle.NewCustomReader(loader.WithSizeLimitBytes(lim.bytes)).
 		WithCapabilities(Capabilities()).
-		WithSizeLimitBytes(maxBundleBytes).
+		WithSizeLimitBytes(lim.bytes).
 		WithRegoVersion(ast.RegoV1)
 	if vc == nil {
 		reader = reader.WithSkipBundleVerification(true)
@@ -61,6 +91,77 @@ func readBundle(path string, vc *bundle.VerificationConfig) (*bundle.Bundle, str
 	return &b, rev, nil
 }
 
+// readAtMost reads the file at path, refusing one larger than limit bytes.
+func readAtMost(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(raw)) > limit {
+		return nil, tooLarge("%s is larger than MaxBundleBytes (%d bytes)"+limitKeys, filepath.Base(path), limit)
+	}
+	return raw, nil
+}
+
+// checkTarball walks the .tar.gz in raw as a stream, keeping nothing, and
+// refuses it when its files' declared sizes add up past lim.bytes or it
+// holds more than lim.files files. Sizes are counted before a file's
+// content is inflated, so a bomb stops at its first header past the bound.
+// A malformed archive passes: OPA's reader then refuses it with its own
+// message, having inflated no more than was checked here.
+func checkTarball(raw []byte, lim bundleLimits) error {
+	gz, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return nil
+	}
+	defer gz.Close()
+	tr := tar.NewReader(gz)
+	var total int64
+	files := 0
+	for {
+		h, err := tr.Next()
+		if err != nil { // io.EOF, or malformed
+			return nil
+		}
+		if h.Typeflag != tar.TypeReg {
+			continue
+		}
+		if files++; files > lim.files {
+			return tooLarge("the archive holds more than MaxBundleFiles (%d) files"+limitKeys, lim.files)
+		}
+		if total += h.Size; h.Size < 0 || total > lim.bytes {
+			return tooLarge("the archive inflates past MaxBundleBytes (%d bytes) at %s"+limitKeys, lim.bytes, h.Name)
+		}
+	}
+}
+
+// checkDirectory refuses a bundle directory whose regular files exceed lim.
+func checkDirectory(root string, lim bundleLimits) error {
+	var total int64
+	files := 0
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if files++; files > lim.files {
+			return tooLarge("the directory holds more than MaxBundleFiles (%d) files"+limitKeys, lim.files)
+		}
+		if total += info.Size(); total > lim.bytes {
+			return tooLarge("the directory's files add up past MaxBundleBytes (%d bytes) at %s"+limitKeys, lim.bytes, path)
+		}
+		return nil
+	})
+}
+
 // contentRevision is "sha256:<12 hex>" over the bundle's modules and data,
 // for bundles whose manifest names no revision.
 func contentRevision(b *bundle.Bundle) string {
@@ -78,8 +179,8 @@ func contentRevision(b *bundle.Bundle) string {
 
 // mergeDataFile merges the JSON object in path into b.Data. A value the
 // bundle already sets may not be redefined; objects merge key by key.
-func mergeDataFile(b *bundle.Bundle, path string) error {
-	raw, err := os.ReadFile(path)
+func mergeDataFile(b *bundle.Bundle, path string, limit int64) error {
+	raw, err := readAtMost(path, limit)
 	if err != nil {
 		return err
 	}
@@ -154,7 +255,7 @@ func VerifyBundle(path, key, keyID, scope string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	_, rev, err := readBundle(path, vc)
+	_, rev, err := readBundle(path, vc, opts.bundleLimits())
 	if err != nil {
 		return "", fmt.Errorf("policy: bundle %s refused: %w", path, err)
 	}

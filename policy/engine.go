@@ -185,12 +185,19 @@ func (e *Engine) load(ctx context.Context) (*snapshot, error) {
 			"bundle", e.opts.BundlePath)
 	}
 	fp := fingerprint(e.opts.BundlePath, e.opts.DataPath)
-	b, rev, err := readBundle(e.opts.BundlePath, e.vc)
+	lim := e.opts.bundleLimits()
+	if e.opts.DataPath != "" {
+		// Bounded before the bundle is read, as the bundle is.
+		if info, err := os.Stat(e.opts.DataPath); err == nil && info.Size() > lim.bytes {
+			return nil, tooLarge("data %s is larger than MaxBundleBytes (%d bytes)"+limitKeys, filepath.Base(e.opts.DataPath), lim.bytes)
+		}
+	}
+	b, rev, err := readBundle(e.opts.BundlePath, e.vc, lim)
 	if err != nil {
 		return nil, err
 	}
 	if e.opts.DataPath != "" {
-		if err := mergeDataFile(b, e.opts.DataPath); err != nil {
+		if err := mergeDataFile(b, e.opts.DataPath, lim.bytes); err != nil {
 			return nil, fmt.Errorf("data %s: %w", e.opts.DataPath, err)
 		}
 	}

@@ -69,6 +69,17 @@ type Options struct {
 	// newest). 0 means 5.
 	DecisionLogBackups int
 
+	// MaxBundleBytes bounds the bundle once inflated: the sum of its files'
+	// sizes (a .tar.gz's as its headers declare them, read as a stream and
+	// never held), and the size of DataPath. A larger bundle is refused
+	// before its signature is verified or any file of it is kept. 0 means
+	// DefaultMaxBundleBytes.
+	MaxBundleBytes int64
+
+	// MaxBundleFiles bounds the number of files in the bundle, refused as
+	// MaxBundleBytes is. 0 means DefaultMaxBundleFiles.
+	MaxBundleFiles int
+
 	// Evaluator is how decisions are computed: EvaluatorPlan (the default
 	// when empty) runs OPA's compiled plan of the decision query and falls
 	// back to OPA's interpreter when a bundle needs it; EvaluatorTopdown
@@ -117,6 +128,12 @@ func (o *Options) validate() error {
 			return fmt.Errorf("policy: Options.DataPath: %w", err)
 		}
 	}
+	if o.MaxBundleBytes < 0 {
+		return fmt.Errorf("policy: Options.MaxBundleBytes %d must not be negative", o.MaxBundleBytes)
+	}
+	if o.MaxBundleFiles < 0 {
+		return fmt.Errorf("policy: Options.MaxBundleFiles %d must not be negative", o.MaxBundleFiles)
+	}
 	if o.DecisionLogMaxBytes < 0 {
 		return fmt.Errorf("policy: Options.DecisionLogMaxBytes %d must not be negative", o.DecisionLogMaxBytes)
 	}
@@ -124,6 +141,27 @@ func (o *Options) validate() error {
 		return fmt.Errorf("policy: Options.DecisionLogBackups %d must not be negative", o.DecisionLogBackups)
 	}
 	return nil
+}
+
+// Defaults of the bundle bounds (Options.MaxBundleBytes, MaxBundleFiles):
+// far above a policy bundle with the tenants of a large cluster, far below
+// what the webhook's 512 MiB may hold once the bundle is parsed.
+const (
+	DefaultMaxBundleBytes = 32 << 20
+	DefaultMaxBundleFiles = 4096
+)
+
+// bundleLimits are Options.MaxBundleBytes and MaxBundleFiles with their
+// defaults applied.
+func (o *Options) bundleLimits() bundleLimits {
+	l := bundleLimits{bytes: o.MaxBundleBytes, files: o.MaxBundleFiles}
+	if l.bytes == 0 {
+		l.bytes = DefaultMaxBundleBytes
+	}
+	if l.files == 0 {
+		l.files = DefaultMaxBundleFiles
+	}
+	return l
 }
 
 // verificationConfig turns Keys, KeyID and Scope into OPA's verification

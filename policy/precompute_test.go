@@ -38,7 +38,7 @@ func TestIndexIsServedAsData(t *testing.T) {
 	}
 
 	// The index package is gone from the compiled modules: its value is data.
-	b, _, err := readBundle(dir, nil)
+	b, _, err := readBundle(dir, nil, (&Options{}).bundleLimits())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,6 +101,12 @@ type PolicyConfig struct {
 	// the interpreter when a bundle needs it) or "topdown" (always OPA's
 	// interpreter). See policy.Options.Evaluator.
 	Evaluator string `toml:"evaluator"`
+	// MaxBundleBytes bounds the bundle once inflated, and the data file;
+	// 0 is policy.DefaultMaxBundleBytes. See policy.Options.MaxBundleBytes.
+	MaxBundleBytes int64 `toml:"max_bundle_bytes"`
+	// MaxBundleFiles bounds the bundle's files; 0 is
+	// policy.DefaultMaxBundleFiles. See policy.Options.MaxBundleFiles.
+	MaxBundleFiles int `toml:"max_bundle_files"`
 }
 
 // PipelineConfig switches the placement pipeline.
@@ -299,6 +305,9 @@ func (c Config) Validate() error {
 	}
 	if !policy.KnownEvaluator(c.Policy.Evaluator) {
 		return fmt.Errorf("policy.evaluator: %q is not one of %s, %s", c.Policy.Evaluator, policy.EvaluatorPlan, policy.EvaluatorTopdown)
+	}
+	if c.Policy.MaxBundleBytes < 0 || c.Policy.MaxBundleFiles < 0 {
+		return fmt.Errorf("policy.max_bundle_bytes %d, policy.max_bundle_files %d: must not be negative (0: the default)", c.Policy.MaxBundleBytes, c.Policy.MaxBundleFiles)
 	}
 	if c.Policy.Bundle != "" && !c.Policy.InsecureSkipVerification && (c.Policy.KeyFile == "" || c.Policy.KeyID == "") {
 		return errors.New("policy.key_file and policy.key_id: must be set to verify the bundle (or set policy.insecure_skip_verification for development)")

@@ -136,6 +136,8 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 			DataPath:                 cfg.Policy.Data,
 			DecisionLogFile:          cfg.Policy.DecisionLog,
 			Evaluator:                cfg.Policy.Evaluator,
+			MaxBundleBytes:           cfg.Policy.MaxBundleBytes,
+			MaxBundleFiles:           cfg.Policy.MaxBundleFiles,
 		}
 		if cfg.Policy.KeyFile != "" {
 			opts.Keys = map[string]string{cfg.Policy.KeyID: cfg.Policy.KeyFile}
@@ -277,8 +279,10 @@ func (p *Pipeline) AdmitContainer(ctx context.Context, sb *Sandbox, id string, s
 	return nil
 }
 
-// nodeInput describes the node's GPUs for the policy.
-func nodeInput(alloc *mig.Allocator) *policy.Node {
+// nodeInput describes the node's GPUs for the policy, from the backend's
+// view of them (gpus: MIG mode as the hardware reports it) and the
+// allocator's placements.
+func nodeInput(alloc *mig.Allocator, gpus []mig.GPU) *policy.Node {
 	n := &policy.Node{}
 	if alloc == nil {
 		return n
@@ -289,8 +293,12 @@ func nodeInput(alloc *mig.Allocator) *policy.Node {
 			tenants[pl.GPU] = append(tenants[pl.GPU], pl.Tenant)
 		}
 	}
+	migEnabled := map[int]bool{}
+	for _, g := range gpus {
+		migEnabled[g.Index] = !g.NoMIG
+	}
 	for _, u := range alloc.Usage() {
-		n.GPUs = append(n.GPUs, policy.NodeGPU{Index: u.Index, Model: u.Model, MIGEnabled: true, FreeSlices: 7 - u.Compute, Tenants: tenants[u.Index]})
+		n.GPUs = append(n.GPUs, policy.NodeGPU{Index: u.Index, Model: u.Model, MIGEnabled: migEnabled[u.Index], FreeSlices: mig.ComputeSlices - u.Compute, Tenants: tenants[u.Index]})
 	}
 	return n
 }
@@ -318,7 +326,7 @@ func (p *Pipeline) Admit(ctx context.Context, sb *Sandbox, spec *specs.Spec) (_ 
 		if err != nil {
 			return err
 		}
-		in.Node = nodeInput(alloc)
+		in.Node = nodeInput(alloc, p.gpus)
 		// Identity first: the tenant comes from the namespace, whatever the
 		// usage; then the tenant's usage decides the quotas.
 		d, err := p.decider.Decide(ctx, in)

@@ -45,8 +45,18 @@ type Config struct {
 	// NoUsage disables the pod informer: quotas see zero usage. For tests
 	// and clusters without pod list/watch rights.
 	NoUsage bool
+	// QuotaNamespace holds the tenants' quota ledgers (QuotaLedger), which
+	// keep quotas with any number of replicas. Empty counts usage from the
+	// pod informer alone, which only holds for one replica and no bursts.
+	QuotaNamespace string
+	// QuotaGrace is QuotaLedgerOptions.Grace.
+	QuotaGrace time.Duration
 	// MaxBodyBytes bounds an AdmissionReview body.
 	MaxBodyBytes int64
+	// MaxBundleBytes and MaxBundleFiles bound the policy bundle
+	// (policy.Options.MaxBundleBytes, MaxBundleFiles).
+	MaxBundleBytes int64
+	MaxBundleFiles int
 	// ClientCA, when set, is a PEM file of the CAs that sign the API
 	// server's client certificate; every caller must then present one.
 	ClientCA string
@@ -81,9 +91,13 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.StringVar(&c.Data, "data", "", "extra data JSON merged into the bundle's data (unsigned)")
 	fs.StringVar(&c.DecisionLog, "decision-log", "", "decision log file, - for stdout (empty: none)")
 	fs.StringVar(&c.Evaluator, "evaluator", policy.EvaluatorPlan, "policy evaluator: plan (OPA's compiled plan, interpreter as fallback) or topdown (OPA's interpreter)")
+	fs.Int64Var(&c.MaxBundleBytes, "max-bundle-bytes", policy.DefaultMaxBundleBytes, "largest policy bundle once inflated (and data file), refused before its signature is checked")
+	fs.IntVar(&c.MaxBundleFiles, "max-bundle-files", policy.DefaultMaxBundleFiles, "most files a policy bundle may hold")
 	fs.DurationVar(&c.BundlePoll, "bundle-poll", 10*time.Second, "how often to check the bundle for a new revision")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig outside a cluster (empty: in-cluster)")
 	fs.BoolVar(&c.NoUsage, "no-usage", false, "do not watch pods; quotas see zero usage")
+	fs.StringVar(&c.QuotaNamespace, "quota-ledger-namespace", "bulkhead-system", "namespace of the tenants' quota ledgers (ConfigMaps updated with compare-and-swap, so that quotas hold across replicas); empty: count from the pod informer only (one replica)")
+	fs.DurationVar(&c.QuotaGrace, "quota-grace", DefaultQuotaGrace, "how long a quota reservation is kept for a pod that is not seen live (admitted but never created)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", DefaultMaxBodyBytes, "largest AdmissionReview body accepted")
 	fs.StringVar(&c.ClientCA, "client-ca", "", "CA certificates (PEM) that sign the API server's client certificate; when set, every caller must present one (empty: no client authentication)")
 	fs.Func("client-name", "with --client-ca, an identity (subject CN or DNS name) the client certificate must carry; repeatable (default: any the CA signed)", func(v string) error {
@@ -119,8 +133,12 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 		return c, fmt.Errorf("--bundle-poll %v: must be positive", c.BundlePoll)
 	case c.MaxBodyBytes <= 0:
 		return c, fmt.Errorf("--max-body-bytes %d: must be positive", c.MaxBodyBytes)
+	case c.MaxBundleBytes <= 0 || c.MaxBundleFiles <= 0:
+		return c, fmt.Errorf("--max-bundle-bytes %d, --max-bundle-files %d: must be positive", c.MaxBundleBytes, c.MaxBundleFiles)
 	case c.GCPercent <= 0:
 		return c, fmt.Errorf("--gc-percent %d: must be positive", c.GCPercent)
+	case c.QuotaGrace <= 0:
+		return c, fmt.Errorf("--quota-grace %v: must be positive", c.QuotaGrace)
 	case len(c.ClientNames) > 0 && c.ClientCA == "":
 		return c, errors.New("--client-name needs --client-ca")
 	case c.ReadHeaderTimeout <= 0:
@@ -142,6 +160,8 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 		DataPath:                 c.Data,
 		DecisionLogFile:          c.DecisionLog,
 		Evaluator:                c.Evaluator,
+		MaxBundleBytes:           c.MaxBundleBytes,
+		MaxBundleFiles:           c.MaxBundleFiles,
 		Logger:                   logger,
 	}
 	if c.Key != "" {
@@ -173,6 +193,7 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 	metrics.observeRevision(engine.Revision())
 	reviewOpts := Options{Decider: engine, Metrics: metrics}
 	ready := func() error { return nil }
+	var ledger *QuotaLedger
 	if !c.NoUsage {
 		client, err := kubeClient(c.Kubeconfig)
 		if err != nil {
@@ -182,7 +203,19 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		reviewOpts.Usage, reviewOpts.Handlers = cluster.Usage, cluster.Handlers
+		reviewOpts.Handlers = cluster.Handlers
+		if c.QuotaNamespace != "" {
+			ledger, err = NewQuotaLedger(QuotaLedgerOptions{
+				Client: client, Namespace: c.QuotaNamespace, Pods: cluster.Usage, PodInformer: cluster.Pods,
+				Grace: c.QuotaGrace, Logger: logger,
+			})
+			if err != nil {
+				return err
+			}
+			reviewOpts.Quota = ledger
+		} else {
+			reviewOpts.Usage = cluster.Usage
+		}
 		ready = cluster.Ready
 		go func() {
 			if err := cluster.Start(ctx); err != nil && ctx.Err() == nil {
@@ -193,6 +226,13 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 	reviewer, err := NewReviewer(reviewOpts)
 	if err != nil {
 		return err
+	}
+	if ledger != nil {
+		go func() {
+			if err := ledger.Start(ctx, reviewer); err != nil && ctx.Err() == nil {
+				logger.Error("quota ledger", "err", err)
+			}
+		}()
 	}
 	h, err := Handler(HandlerOptions{Reviewer: reviewer, MaxBodyBytes: c.MaxBodyBytes, Ready: ready, Metrics: metrics, Logger: logger})
 	if err != nil {
