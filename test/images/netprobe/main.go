@@ -5,6 +5,7 @@
 //	netprobe serve tcp:8080 udp:9090 ...   answer "pong" on each
 //	netprobe tcp|udp HOST:PORT             exit 0 when "pong" comes back
 //	netprobe icmp HOST                     exit 0 on an echo reply
+//	netprobe icmp6 HOST                    the same over ICMPv6
 package main
 
 import (
@@ -17,13 +18,14 @@ import (
 
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 )
 
 const timeout = 2 * time.Second
 
 func main() {
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: netprobe serve tcp:PORT|udp:PORT... | tcp|udp HOST:PORT | icmp HOST")
+		fmt.Fprintln(os.Stderr, "usage: netprobe serve tcp:PORT|udp:PORT... | tcp|udp HOST:PORT | icmp|icmp6 HOST")
 		os.Exit(2)
 	}
 	var err error
@@ -36,6 +38,8 @@ func main() {
 		err = probeUDP(os.Args[2])
 	case "icmp":
 		err = probeICMP(os.Args[2])
+	case "icmp6":
+		err = probeICMP6(os.Args[2])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -151,6 +155,38 @@ func probeICMP(host string) error {
 			return fmt.Errorf("icmp %s: no reply: %w", host, err)
 		}
 		if m, err := icmp.ParseMessage(1, buf[:n]); err == nil && m.Type == ipv4.ICMPTypeEchoReply {
+			return nil
+		}
+	}
+}
+
+// probeICMP6 sends an ICMPv6 echo request through an unprivileged socket.
+func probeICMP6(host string) error {
+	dst, err := net.ResolveIPAddr("ip6", host)
+	if err != nil {
+		return err
+	}
+	c, err := icmp.ListenPacket("udp6", "::")
+	if err != nil {
+		return fmt.Errorf("icmp6 socket: %w", err)
+	}
+	defer c.Close()
+	msg := icmp.Message{Type: ipv6.ICMPTypeEchoRequest, Body: &icmp.Echo{ID: os.Getpid() & 0xffff, Seq: 1, Data: []byte("bulkhead")}}
+	b, err := msg.Marshal(nil)
+	if err != nil {
+		return err
+	}
+	if _, err := c.WriteTo(b, &net.UDPAddr{IP: dst.IP, Zone: dst.Zone}); err != nil {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	buf := make([]byte, 1500)
+	for {
+		n, _, err := c.ReadFrom(buf)
+		if err != nil {
+			return fmt.Errorf("icmp6 %s: no reply: %w", host, err)
+		}
+		if m, err := icmp.ParseMessage(58, buf[:n]); err == nil && m.Type == ipv6.ICMPTypeEchoReply {
 			return nil
 		}
 	}
