@@ -300,8 +300,8 @@ func TestWebhookCrossReferences(t *testing.T) {
 	if wh.TimeoutSeconds == nil || *wh.TimeoutSeconds < 1 || *wh.TimeoutSeconds > 10 {
 		t.Errorf("timeoutSeconds = %v, want 1..10", wh.TimeoutSeconds)
 	}
-	if wh.SideEffects == nil || *wh.SideEffects != admissionregistrationv1.SideEffectClassNone {
-		t.Errorf("sideEffects = %v, want None", wh.SideEffects)
+	if wh.SideEffects == nil || *wh.SideEffects != admissionregistrationv1.SideEffectClassNoneOnDryRun {
+		t.Errorf("sideEffects = %v, want NoneOnDryRun (quota reservations are written, except on dry runs)", wh.SideEffects)
 	}
 	if !slices.Equal(wh.AdmissionReviewVersions, []string{"v1"}) {
 		t.Errorf("admissionReviewVersions = %v, want [v1] (the handler refuses others)", wh.AdmissionReviewVersions)

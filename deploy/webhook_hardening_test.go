@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -65,5 +66,39 @@ func TestWebhookNetworkPolicy(t *testing.T) {
 	}
 	if cfg.ClientCA == "" || len(cfg.ClientNames) == 0 {
 		t.Errorf("webhook args: --client-ca %q, --client-name %v: the API server's certificate must be required", cfg.ClientCA, cfg.ClientNames)
+	}
+}
+
+// TestWebhookQuotaLedgerRights: the webhook may read and write ConfigMaps
+// in the namespace its --quota-ledger-namespace names, and only there.
+func TestWebhookQuotaLedgerRights(t *testing.T) {
+	tr := loadTree(t)
+	dep := mustFind[*appsv1.Deployment](t, tr, "bulkhead-webhook")
+	cfg, err := admission.ParseFlags(dep.Spec.Template.Spec.Containers[0].Args, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.QuotaNamespace != namespace {
+		t.Fatalf("--quota-ledger-namespace %q, want %q (quotas must hold across replicas)", cfg.QuotaNamespace, namespace)
+	}
+	rb := mustFind[*rbacv1.RoleBinding](t, tr, "bulkhead-webhook-quota")
+	if rb.Namespace != cfg.QuotaNamespace || !slices.ContainsFunc(rb.Subjects, func(s rbacv1.Subject) bool {
+		return s.Kind == "ServiceAccount" && s.Name == dep.Spec.Template.Spec.ServiceAccountName && s.Namespace == namespace
+	}) {
+		t.Errorf("RoleBinding %s/%s does not bind the webhook's ServiceAccount", rb.Namespace, rb.Name)
+	}
+	role := mustFind[*rbacv1.Role](t, tr, rb.RoleRef.Name)
+	for _, verb := range []string{"get", "list", "create", "update"} {
+		if !allows(role.Rules, "", "configmaps", verb) {
+			t.Errorf("Role %s does not allow %s configmaps", role.Name, verb)
+		}
+	}
+	cr := mustFind[*rbacv1.ClusterRole](t, tr, "bulkhead-webhook")
+	for _, rule := range cr.Rules {
+		for _, v := range rule.Verbs {
+			if v != "get" && v != "list" && v != "watch" {
+				t.Errorf("ClusterRole %s allows %s on %v: the webhook writes only in its own namespace", cr.Name, v, rule.Resources)
+			}
+		}
 	}
 }

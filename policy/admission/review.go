@@ -47,6 +47,10 @@ type Options struct {
 	Usage UsageSource
 	// Metrics records decisions and rule hits; nil records nothing.
 	Metrics *Metrics
+	// Quota, when set, is where pods' usage is agreed with every other
+	// replica: a pod is decided on its tenant's ledger and, if admitted,
+	// reserved in it (quota.go). Usage is then not needed.
+	Quota *QuotaLedger
 	// Claims reads the pods' DRA ResourceClaims and ResourceClaimTemplates.
 	// Nil reads none: every claim reaches the policy unread, which the
 	// default tiers refuse below trusted.
@@ -59,6 +63,7 @@ type Reviewer struct {
 	handlers HandlerResolver
 	usage    UsageSource
 	metrics  *Metrics
+	quota    *QuotaLedger
 	claims   ClaimReader
 
 	// mu guards tenants and revision: the tenant each namespace mapped to
@@ -78,6 +83,7 @@ func NewReviewer(opts Options) (*Reviewer, error) {
 		handlers: opts.Handlers,
 		usage:    opts.Usage,
 		metrics:  opts.Metrics,
+		quota:    opts.Quota,
 		claims:   opts.Claims,
 		tenants:  map[string]string{},
 	}, nil
@@ -163,7 +169,7 @@ func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 		}
 	}
 
-	dec, err := r.decider.Decide(ctx, in)
+	dec, err := r.decideWithLedger(ctx, req, gvk, pod, in)
 	if err != nil {
 		msg := fmt.Sprintf("bulkhead: %s: policy evaluation failed (fail closed): %v", subject, err)
 		if rs := formatReasons(deniesOf(dec.Reasons)); rs != "" {

@@ -42,8 +42,8 @@ type PodUsage struct {
 }
 
 type charge struct {
-	namespace string
-	usage     policy.Usage
+	namespace, name string
+	usage           policy.Usage
 }
 
 // NewPodUsage registers on informer (a Pod informer) and counts its pods.
@@ -89,6 +89,20 @@ func (u *PodUsage) Snapshot(exclude types.UID) (map[string]policy.Usage, error) 
 	return out, nil
 }
 
+// live returns every live pod's charge by UID, for the quota ledger.
+func (u *PodUsage) live() (map[types.UID]charge, error) {
+	if !u.synced() {
+		return nil, ErrNotSynced
+	}
+	u.mu.RLock()
+	defer u.mu.RUnlock()
+	out := make(map[types.UID]charge, len(u.pods))
+	for uid, c := range u.pods {
+		out[uid] = c
+	}
+	return out, nil
+}
+
 func (u *PodUsage) set(obj any) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -98,7 +112,7 @@ func (u *PodUsage) set(obj any) {
 		u.remove(p.UID)
 		return
 	}
-	c := charge{namespace: p.Namespace, usage: chargeOf(p)}
+	c := charge{namespace: p.Namespace, name: p.Name, usage: chargeOf(p)}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if old, ok := u.pods[p.UID]; ok {
@@ -197,7 +211,9 @@ func (h RuntimeClassHandlers) Handler(name string) (string, error) {
 // Cluster holds the informers the webhook reads: pods for usage and
 // RuntimeClasses for handlers.
 type Cluster struct {
-	factory  informers.SharedInformerFactory
+	factory informers.SharedInformerFactory
+	// Pods is the pod informer Usage counts from.
+	Pods     cache.SharedIndexInformer
 	Usage    *PodUsage
 	Handlers RuntimeClassHandlers
 	synced   []cache.InformerSynced
@@ -220,6 +236,7 @@ func NewCluster(client kubernetes.Interface) (*Cluster, error) {
 	}
 	return &Cluster{
 		factory:  f,
+		Pods:     pods,
 		Usage:    usage,
 		Handlers: RuntimeClassHandlers{Lister: rcs.Lister()},
 		synced:   []cache.InformerSynced{usage.Synced, rcs.Informer().HasSynced},
