@@ -34,10 +34,72 @@ type logEntry struct {
 	LatencyNS int64    `json:"latency_ns"`
 }
 
-// builtinMask erases container environment values and the values of
-// secret-looking annotations and labels from doc, the JSON form of an Input
-// under "input". It returns the pointers it touched.
-func builtinMask(doc map[string]any) []string {
+// requestPrefix is the prefix of the annotations that are requests to
+// Bulkhead ("bulkhead.dev/"), taken from their one home in annotations.go.
+var requestPrefix = AnnotationGPUProfile[:strings.IndexByte(AnnotationGPUProfile, '/')+1]
+
+// lastAppliedConfiguration is kubectl's copy of the whole object as it was
+// applied, env values and all: masked whatever a bundle allows.
+const lastAppliedConfiguration = "kubectl.kubernetes.io/last-applied-configuration"
+
+// UnmaskedAnnotationsPath is where a bundle's data may list the annotations
+// whose values the decision log keeps besides those under bulkhead.dev/:
+// an array of keys, where a key ending in "/" stands for every key under it
+// (["app.kubernetes.io/", "example.com/team"]). Only the signed bundle can
+// set it: the unsigned data file carries bulkhead.tenants alone.
+const UnmaskedAnnotationsPath = "data.bulkhead.decision_log.unmasked_annotations"
+
+// unmaskedAnnotations reads UnmaskedAnnotationsPath from a bundle's data;
+// nil when it is not set, an error when it is not an array of strings.
+func unmaskedAnnotations(data map[string]any) ([]string, error) {
+	var cur any = data
+	for _, k := range strings.Split(strings.TrimPrefix(UnmaskedAnnotationsPath, "data."), ".") {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, nil
+		}
+		if cur, ok = m[k]; !ok {
+			return nil, nil
+		}
+	}
+	items, ok := cur.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: want an array of annotation keys, got %s", UnmaskedAnnotationsPath, describeJSON(cur))
+	}
+	keys := make([]string, 0, len(items))
+	for _, it := range items {
+		k, ok := it.(string)
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%s: entry %s is not an annotation key", UnmaskedAnnotationsPath, describeJSON(it))
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// annotationLogged reports whether the value of annotation k may appear in
+// the decision log: only under bulkhead.dev/ or in the bundle's allow-list,
+// never last-applied-configuration, never a secret-looking key.
+func annotationLogged(k string, unmasked []string) bool {
+	if k == lastAppliedConfiguration || secretKey.MatchString(k) {
+		return false
+	}
+	if strings.HasPrefix(k, requestPrefix) {
+		return true
+	}
+	for _, a := range unmasked {
+		if k == a || (strings.HasSuffix(a, "/") && strings.HasPrefix(k, a)) {
+			return true
+		}
+	}
+	return false
+}
+
+// builtinMask erases from doc, the JSON form of an Input under "input",
+// every container environment value, every annotation value but those
+// annotationLogged allows, and the values of secret-looking labels. It
+// returns the pointers it touched.
+func builtinMask(doc map[string]any, unmasked []string) []string {
 	var touched []string
 	in, _ := doc["input"].(map[string]any)
 	pod, _ := in["pod"].(map[string]any)
@@ -47,7 +109,11 @@ func builtinMask(doc map[string]any) []string {
 	for _, field := range []string{"annotations", "labels"} {
 		m, _ := pod[field].(map[string]any)
 		for k := range m {
-			if secretKey.MatchString(k) {
+			masked := secretKey.MatchString(k)
+			if field == "annotations" {
+				masked = !annotationLogged(k, unmasked)
+			}
+			if masked {
 				m[k] = maskedValue
 				touched = append(touched, "/input/pod/"+field+"/"+escapePointer(k))
 			}

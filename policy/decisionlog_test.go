@@ -6,8 +6,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -197,5 +199,117 @@ func TestDecisionLogFileRotates(t *testing.T) {
 	}
 	if lines == 0 || lines >= 40 {
 		t.Errorf("kept %d lines; want some, and fewer than 40 after dropping the oldest file", lines)
+	}
+}
+
+// TestAnnotationValuesMaskedByDefault: an annotation's value reaches the
+// decision log only under bulkhead.dev/ or in the bundle's allow-list
+// (UnmaskedAnnotationsPath); last-applied-configuration and secret-looking
+// keys stay masked whatever the list says, and so do env values.
+func TestAnnotationValuesMaskedByDefault(t *testing.T) {
+	allowing := t.TempDir()
+	if err := os.CopyFS(allowing, os.DirFS(repoPath(t, "rego"))); err != nil {
+		t.Fatal(err)
+	}
+	allowList := `{"unmasked_annotations": ["example.com/team", "app.kubernetes.io/", "kubectl.kubernetes.io/", "example.com/"]}`
+	if err := os.MkdirAll(filepath.Join(allowing, "bulkhead", "decision_log"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(allowing, "bulkhead", "decision_log", "data.json"), []byte(allowList), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	annotations := map[string]string{
+		"bulkhead.dev/gpu-profile":    "1g.18gb",
+		"example.com/team":            "ml",
+		"app.kubernetes.io/name":      "agent",
+		"example.com/db-dsn":          "postgres://app:pw-789@db/prod",
+		"example.com/auth-token":      "tok-456",
+		lastAppliedConfiguration:      `{"env": "sk-live-123"}`,
+		"sidecar.istio.io/inject":     "true",
+		"kubernetes.io/config.source": "api",
+	}
+	tests := []struct {
+		name   string
+		bundle string
+		logged []string // annotation keys whose values stay; every other is masked
+	}{
+		{name: "default bundle", bundle: repoPath(t, "rego"), logged: []string{"bulkhead.dev/gpu-profile"}},
+		{name: "bundle with an allow-list", bundle: allowing,
+			logged: []string{"bulkhead.dev/gpu-profile", "example.com/team", "app.kubernetes.io/name", "example.com/db-dsn"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			e, err := Open(context.Background(), Options{BundlePath: tc.bundle, DataPath: repoPath(t, "rego/examples/tenants.demo.json"),
+				InsecureSkipVerification: true, DecisionLog: &buf, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := agentPod()
+			in.Pod.Annotations = maps.Clone(annotations)
+			in.Pod.Containers[0].Env = map[string]string{"MODE": "fast"}
+			if _, err := e.Decide(context.Background(), in); err != nil {
+				t.Fatal(err)
+			}
+			var entry struct {
+				Input struct {
+					Pod struct {
+						Annotations map[string]string `json:"annotations"`
+						Containers  []struct {
+							Env map[string]string `json:"env"`
+						} `json:"containers"`
+					} `json:"pod"`
+				} `json:"input"`
+			}
+			if err := json.Unmarshal(buf.Bytes(), &entry); err != nil {
+				t.Fatalf("%v: %s", err, buf.String())
+			}
+			for k, v := range annotations {
+				got, present := entry.Input.Pod.Annotations[k]
+				switch {
+				case slices.Contains(tc.logged, k) && got != v:
+					t.Errorf("annotation %s = %q, want its value %q", k, got, v)
+				case !slices.Contains(tc.logged, k) && present && got != maskedValue:
+					t.Errorf("annotation %s = %q, want it masked", k, got)
+				}
+			}
+			if env := entry.Input.Pod.Containers[0].Env["MODE"]; env != maskedValue {
+				t.Errorf("env MODE = %q, want it masked", env)
+			}
+			for _, secret := range []string{"pw-789", "tok-456", "sk-live-123"} {
+				if strings.Contains(buf.String(), secret) && !(tc.name == "bundle with an allow-list" && secret == "pw-789") {
+					t.Errorf("decision log holds %q: %s", secret, buf.String())
+				}
+			}
+		})
+	}
+}
+
+func TestUnmaskedAnnotationsShape(t *testing.T) {
+	for _, tc := range []struct {
+		data string
+		want []string
+		err  string
+	}{
+		{data: `{}`},
+		{data: `{"bulkhead": {"decision_log": {"unmasked_annotations": ["a/b", "c/"]}}}`, want: []string{"a/b", "c/"}},
+		{data: `{"bulkhead": {"decision_log": {"unmasked_annotations": "a/b"}}}`, err: "want an array"},
+		{data: `{"bulkhead": {"decision_log": {"unmasked_annotations": ["a", 1]}}}`, err: "is not an annotation key"},
+		{data: `{"bulkhead": {"decision_log": {"unmasked_annotations": [""]}}}`, err: "is not an annotation key"},
+	} {
+		var doc map[string]any
+		if err := json.Unmarshal([]byte(tc.data), &doc); err != nil {
+			t.Fatal(err)
+		}
+		got, err := unmaskedAnnotations(doc)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want %q", tc.data, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, %v; want %v", tc.data, got, err, tc.want)
+		}
 	}
 }

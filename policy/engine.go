@@ -78,6 +78,8 @@ type snapshot struct {
 	// maskProgram is the plan of MaskQuery, when program exists and the
 	// mask can run as a plan.
 	maskProgram *irvm.Program
+	// unmaskedAnnotations is the bundle's UnmaskedAnnotationsPath.
+	unmaskedAnnotations []string
 }
 
 // Open validates opts, loads, verifies and compiles the bundle and returns an
@@ -274,6 +276,9 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 		return nil, fmt.Errorf("prepare %s: %w", DecisionQuery, err)
 	}
 	snap := &snapshot{revision: rev, decision: decision}
+	if snap.unmaskedAnnotations, err = unmaskedAnnotations(data); err != nil {
+		return nil, err
+	}
 	if withPlan {
 		if snap.program, err = planQuery(ctx, compiler, DecisionQuery); err != nil {
 			if !errors.Is(err, irvm.ErrUnsupported) {
@@ -484,7 +489,7 @@ func (e *Engine) logDecision(ctx context.Context, snap *snapshot, in *Input, d *
 		_ = e.decisions.writeLine(entry)
 		return
 	}
-	entry.Masked = builtinMask(doc)
+	entry.Masked = builtinMask(doc, snap.unmaskedAnnotations)
 	if snap.mask != nil {
 		masked, err := snap.applyBundleMask(ctx, doc)
 		entry.Masked = append(entry.Masked, masked...)
