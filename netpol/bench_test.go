@@ -39,6 +39,9 @@ func BenchmarkProgram(b *testing.B) {
 		{"v4-other-tenant-drop", FromPod, ipv4(podV4, otherV4, 6, tcp(40000, 80), v4opts{})},
 		{"v6-same-tenant-pass", ToPod, ipv6(sameRDMAv6, podV6, 6, tcp(80, 40000))},
 		{"v4-egress-allowlist-pass", FromPod, ipv4(podV4, allowedV4, 6, tcp(40000, 443), v4opts{})},
+		// Neighbour discovery's longest pass path: a solicitation to the pod
+		// from a pod of its tenant (destination, target and tenant checks).
+		{"v6-nd-solicitation-to-pod-pass", ToPod, nd6(sameLL, "ff02::1:ff00:1", 135, podV6)},
 	}
 	for _, endpoints := range []int{10, 1000, 100000} {
 		d := loadFixture(b)

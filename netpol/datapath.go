@@ -440,14 +440,15 @@ func (p *prog) copyWords(dst asm.Register, dstOff int16, src asm.Register, srcOf
 	}
 }
 
-// wordsDiffer jumps to label unless the 4 words at a+aOff equal those at
-// b+bOff. Clobbers R1 and R5.
+// wordsDiffer jumps to label unless the 16 bytes at a+aOff equal those at
+// b+bOff, compared as two double words (packet loads may be unaligned; the
+// map value and stack offsets used are multiples of 8). Clobbers R1 and R5.
 func (p *prog) wordsDiffer(a asm.Register, aOff int16, b asm.Register, bOff int16, label string) {
-	for i := range int16(4) {
+	for i := range int16(2) {
 		p.emit(
-			asm.LoadMem(asm.R1, a, aOff+4*i, asm.Word),
-			asm.LoadMem(asm.R5, b, bOff+4*i, asm.Word),
-			asm.JNE.Reg32(asm.R1, asm.R5, label),
+			asm.LoadMem(asm.R1, a, aOff+8*i, asm.DWord),
+			asm.LoadMem(asm.R5, b, bOff+8*i, asm.DWord),
+			asm.JNE.Reg(asm.R1, asm.R5, label),
 		)
 	}
 }
