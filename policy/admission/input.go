@@ -2,6 +2,7 @@ package admission
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"path"
@@ -83,7 +84,13 @@ func podOf(gvk schema.GroupVersionKind, raw []byte) (podObject, error) {
 		if len(raw) == 0 {
 			return fmt.Errorf("object: empty")
 		}
+		if err := scanQuantities(raw); err != nil {
+			return fmt.Errorf("object: decoding %s: %w", gvk.Kind, err)
+		}
 		if err := json.Unmarshal(raw, v); err != nil {
+			if q := badQuantity(raw); q != nil {
+				err = q
+			}
 			return fmt.Errorf("object: decoding %s: %w", gvk.Kind, err)
 		}
 		return nil
@@ -711,4 +718,252 @@ func saturatingAdd(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
+}
+
+// Bounds on a string shaped like a quantity, checked before decoding:
+// k8s.io/apimachinery's ParseQuantity spends time quadratic in the digits
+// and exponential-looking in a negative exponent (1e-300000 takes 24 ms,
+// a million digits 6 s, 1e-30000000 about 10 s), and a body holds many.
+// Real quantities have a handful of digits and an exponent of at most 18
+// (E) or -9 (n); the API server writes them in that canonical form.
+const (
+	maxQuantityDigits   = 64
+	maxQuantityExponent = 64
+	// maxJSONDepth is encoding/json's own nesting limit.
+	maxJSONDepth = 10000
+)
+
+// ErrQuantityAbsurd is wrapped by podOf for a quantity-shaped string that
+// is refused before parsing.
+var ErrQuantityAbsurd = errors.New("quantity refused before parsing")
+
+// scanQuantities walks raw JSON once, without decoding it, and refuses a
+// string value that ParseQuantity would accept but with more digits or a
+// larger exponent than the bounds above, naming its field path. Any string
+// value is checked, not only known quantity fields: a field this build
+// does not know may be decoded as a quantity too, and no other string of a
+// pod spec looks like a 65-digit number. Malformed JSON is left for
+// json.Unmarshal to report.
+func scanQuantities(raw []byte) error {
+	return walkStrings(raw, func(path func() string, s string) error {
+		if err := checkQuantityString(s); err != nil {
+			return fmt.Errorf("%s: %w", path(), err)
+		}
+		return nil
+	})
+}
+
+// badQuantity names the first value under a resources, overhead or
+// sizeLimit field that ParseQuantity refuses: encoding/json reports a
+// Quantity's own error without the field it came from. raw has passed
+// scanQuantities, so each parse is cheap.
+func badQuantity(raw []byte) error {
+	return walkStrings(raw, func(path func() string, s string) error {
+		p := path()
+		if !strings.Contains(p, "resources.") && !strings.Contains(p, "overhead.") && !strings.HasSuffix(p, "sizeLimit") {
+			return nil
+		}
+		if _, err := resource.ParseQuantity(s); err != nil {
+			return fmt.Errorf("%s: %q: %w", p, truncate(s, 64), err)
+		}
+		return nil
+	})
+}
+
+// walkStrings calls visit with every string value of raw (not object keys)
+// and a function that returns its field path ("spec.containers[0].image"),
+// stopping at the first error. It stops quietly on malformed JSON or beyond
+// maxJSONDepth, both of which json.Unmarshal reports.
+func walkStrings(raw []byte, visit func(path func() string, s string) error) error {
+	type frame struct {
+		array bool
+		index int
+		key   []byte
+	}
+	var stack []frame
+	path := func() string {
+		var b strings.Builder
+		for _, f := range stack {
+			if f.array {
+				fmt.Fprintf(&b, "[%d]", f.index)
+				continue
+			}
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.Write(f.key)
+		}
+		return b.String()
+	}
+	i, n := 0, len(raw)
+	skipSpace := func() {
+		for i < n && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+			i++
+		}
+	}
+	// str reads the string at raw[i] ('"'), returns its raw contents and
+	// whether it holds an escape; ok false when it never ends.
+	str := func() (body []byte, escaped, ok bool) {
+		start := i + 1
+		for j := start; j < n; j++ {
+			switch raw[j] {
+			case '\\':
+				escaped = true
+				j++
+			case '"':
+				i = j + 1
+				return raw[start:j], escaped, true
+			}
+		}
+		return nil, false, false
+	}
+	for {
+		skipSpace()
+		if i >= n {
+			return nil
+		}
+		// Inside an object, a key comes before each value.
+		if len(stack) > 0 && !stack[len(stack)-1].array {
+			top := &stack[len(stack)-1]
+			switch raw[i] {
+			case '}':
+				i++
+				stack = stack[:len(stack)-1]
+				goto next
+			case ',':
+				i++
+				skipSpace()
+			}
+			if i >= n || raw[i] != '"' {
+				if i < n && raw[i] == '}' {
+					continue
+				}
+				return nil
+			}
+			key, _, ok := str()
+			if !ok {
+				return nil
+			}
+			top.key = key
+			skipSpace()
+			if i >= n || raw[i] != ':' {
+				return nil
+			}
+			i++
+			skipSpace()
+			if i >= n {
+				return nil
+			}
+		} else if len(stack) > 0 {
+			top := &stack[len(stack)-1]
+			switch raw[i] {
+			case ']':
+				i++
+				stack = stack[:len(stack)-1]
+				goto next
+			case ',':
+				i++
+				top.index++
+				skipSpace()
+			}
+		}
+		// A value.
+		if i >= n {
+			return nil
+		}
+		switch c := raw[i]; c {
+		case '{', '[':
+			if len(stack) >= maxJSONDepth {
+				return nil
+			}
+			i++
+			stack = append(stack, frame{array: c == '['})
+			continue
+		case '"':
+			body, escaped, ok := str()
+			if !ok {
+				return nil
+			}
+			s := string(body)
+			if escaped {
+				if json.Unmarshal(raw[i-len(body)-2:i], &s) != nil {
+					return nil
+				}
+			}
+			if err := visit(path, s); err != nil {
+				return err
+			}
+		default:
+			// A number, true, false or null: up to the next delimiter.
+			for i < n && raw[i] != ',' && raw[i] != '}' && raw[i] != ']' && raw[i] != ' ' && raw[i] != '\n' && raw[i] != '\t' && raw[i] != '\r' {
+				i++
+			}
+		}
+	next:
+		if len(stack) == 0 {
+			return nil
+		}
+	}
+}
+
+// checkQuantityString refuses s when ParseQuantity would read it as a
+// number with more than maxQuantityDigits digits or an exponent beyond
+// maxQuantityExponent. Strings of any other shape are not quantities and
+// pass.
+func checkQuantityString(s string) error {
+	j := 0
+	if j < len(s) && (s[j] == '+' || s[j] == '-') {
+		j++
+	}
+	digits := 0
+	for ; j < len(s) && (s[j] >= '0' && s[j] <= '9' || s[j] == '.'); j++ {
+		if s[j] != '.' {
+			digits++
+		}
+	}
+	if digits == 0 {
+		return nil
+	}
+	rest := s[j:]
+	switch rest {
+	case "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E":
+		if digits > maxQuantityDigits {
+			return fmt.Errorf("%w: %d digits, at most %d", ErrQuantityAbsurd, digits, maxQuantityDigits)
+		}
+		return nil
+	}
+	if rest[0] != 'e' && rest[0] != 'E' {
+		return nil
+	}
+	exp := rest[1:]
+	if exp != "" && (exp[0] == '+' || exp[0] == '-') {
+		exp = exp[1:]
+	}
+	if exp == "" || strings.TrimLeft(exp, "0123456789") != "" {
+		return nil
+	}
+	if digits > maxQuantityDigits {
+		return fmt.Errorf("%w: %d digits, at most %d", ErrQuantityAbsurd, digits, maxQuantityDigits)
+	}
+	if e := strings.TrimLeft(exp, "0"); len(e) > 4 || atoi(e) > maxQuantityExponent {
+		return fmt.Errorf("%w: exponent %s, at most %d either way", ErrQuantityAbsurd, truncate(rest, 24), maxQuantityExponent)
+	}
+	return nil
+}
+
+// atoi reads at most 4 decimal digits; "" is 0.
+func atoi(s string) int {
+	v := 0
+	for _, c := range s {
+		v = v*10 + int(c-'0')
+	}
+	return v
+}
+
+// truncate shortens s for a message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,7 +56,16 @@ type Options struct {
 	// Nil reads none: every claim reaches the policy unread, which the
 	// default tiers refuse below trusted.
 	Claims ClaimReader
+	// Deadline bounds one review: past it the review stops (the policy
+	// evaluation is cancelled) and the request is refused. 0 means
+	// DefaultReviewDeadline.
+	Deadline time.Duration
 }
+
+// DefaultReviewDeadline is well inside the webhook's timeoutSeconds (5 s in
+// deploy/), so the API server gets a reasoned refusal rather than a
+// timeout, and an ordinary review takes a few milliseconds.
+const DefaultReviewDeadline = 2 * time.Second
 
 // Reviewer answers admission requests. It is safe for concurrent use.
 type Reviewer struct {
@@ -65,6 +75,7 @@ type Reviewer struct {
 	metrics  *Metrics
 	quota    *QuotaLedger
 	claims   ClaimReader
+	deadline time.Duration
 
 	// mu guards tenants and revision: the tenant each namespace mapped to
 	// under the bundle revision last seen in a decision.
@@ -78,6 +89,12 @@ func NewReviewer(opts Options) (*Reviewer, error) {
 	if opts.Decider == nil {
 		return nil, errors.New("admission: Options.Decider is required")
 	}
+	if opts.Deadline < 0 {
+		return nil, fmt.Errorf("admission: Options.Deadline %v must not be negative", opts.Deadline)
+	}
+	if opts.Deadline == 0 {
+		opts.Deadline = DefaultReviewDeadline
+	}
 	return &Reviewer{
 		decider:  opts.Decider,
 		handlers: opts.Handlers,
@@ -85,6 +102,7 @@ func NewReviewer(opts Options) (*Reviewer, error) {
 		metrics:  opts.Metrics,
 		quota:    opts.Quota,
 		claims:   opts.Claims,
+		deadline: opts.Deadline,
 		tenants:  map[string]string{},
 	}, nil
 }
@@ -113,7 +131,16 @@ func (r *Reviewer) Review(ctx context.Context, req *admissionv1.AdmissionRequest
 		return refuse("", http.StatusBadRequest, metav1.StatusReasonBadRequest, "admission review: request is missing")
 	}
 	kind := req.Kind.Kind
+	ctx, cancel := context.WithTimeout(ctx, r.deadline)
+	defer cancel()
 	resp, result := r.review(ctx, req)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// However far it got, a review past its deadline is refused: an
+		// answer the API server may already have given up on must never
+		// be an allow that nothing checked in time.
+		resp, result = refuse(req.UID, http.StatusGatewayTimeout, metav1.StatusReasonTimeout,
+			fmt.Sprintf("bulkhead: %s: review stopped after its deadline of %v (fail closed)", requestSubject(req), r.deadline)), ResultError
+	}
 	resp.UID = req.UID
 	r.metrics.observeDecision(result, kind)
 	return resp
@@ -138,7 +165,7 @@ func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 	gvk := schema.GroupVersionKind(req.Kind)
 	pod, err := podOf(gvk, req.Object.Raw)
 	if err != nil {
-		return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest, "bulkhead: "+err.Error()), ResultError
+		return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("bulkhead: %s: %v", requestSubject(req), err)), ResultError
 	}
 	if req.Operation == admissionv1.Update && req.SubResource == "" && pod.Object.DeletionTimestamp != nil {
 		// Removing finalizers from an object on its way out must never be
@@ -155,6 +182,11 @@ func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 	in, err := inputFor(req.Namespace, pod, r.handlers)
 	if err != nil {
 		return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("bulkhead: %s: %v", subject, err)), ResultError
+	}
+	if ctx.Err() != nil {
+		// Decoding cannot be interrupted, but its cost is bounded by the
+		// body cap and scanQuantities; evaluation can, and is not started.
+		return refuse(req.UID, http.StatusGatewayTimeout, metav1.StatusReasonTimeout, "bulkhead: "+subject+": "+ctx.Err().Error()), ResultError
 	}
 	readClaims(req.Namespace, in.Pod.ResourceClaims, r.claims)
 	// Quotas count pods. A template is judged as one pod of a tenant with no
