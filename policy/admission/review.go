@@ -257,15 +257,7 @@ func (r *Reviewer) respond(subject string, pod podObject, dec policy.Decision) (
 		r.metrics.observeRule(RulePolicyUndefined, policy.EnforceDeny)
 	}
 
-	resp := &admissionv1.AdmissionResponse{Allowed: len(denies) == 0}
-	for _, w := range warns {
-		resp.Warnings = append(resp.Warnings, fmt.Sprintf("bulkhead [%s] %s", w.Rule, w.Message))
-	}
-	for _, w := range dec.Warnings {
-		if !slices.ContainsFunc(warns, func(r policy.Reason) bool { return w == r.Rule+": "+r.Message }) {
-			resp.Warnings = append(resp.Warnings, "bulkhead: "+w)
-		}
-	}
+	resp := &admissionv1.AdmissionResponse{Allowed: len(denies) == 0, Warnings: warningsOf(warns, dec.Warnings)}
 	annotations := map[string]string{}
 	if dec.ID != "" {
 		annotations["decision-id"] = dec.ID
@@ -377,16 +369,67 @@ func deniesOf(rs []policy.Reason) []policy.Reason {
 	return out
 }
 
+// A response lists at most maxListed reasons and maxListed warnings, each
+// cut to maxReasonBytes, and says how many more it omitted: a pod of
+// 10,000 privileged containers once got a 2.6 MB denial. The decision log
+// keeps every reason.
+const (
+	maxListed      = 25
+	maxReasonBytes = 1024
+)
+
 // formatReasons lists reasons as "[rule] message; [rule] message", sorted
-// by rule id so the message is stable.
+// by rule id so the message is stable, each listed once.
 func formatReasons(rs []policy.Reason) string {
 	rs = append([]policy.Reason(nil), rs...)
 	sort.SliceStable(rs, func(i, j int) bool { return rs[i].Rule < rs[j].Rule })
-	parts := make([]string, 0, len(rs))
-	for _, r := range rs {
-		parts = append(parts, fmt.Sprintf("[%s] %s", r.Rule, r.Message))
+	rs = slices.Compact(rs)
+	parts := make([]string, 0, min(len(rs), maxListed)+1)
+	for _, r := range rs[:min(len(rs), maxListed)] {
+		parts = append(parts, cut(fmt.Sprintf("[%s] %s", r.Rule, r.Message)))
+	}
+	if len(rs) > maxListed {
+		parts = append(parts, fmt.Sprintf("%d more reasons omitted", len(rs)-maxListed))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// warningsOf lists warn-level reasons, then the decision's other
+// warnings, each once (a warn reason also appears in decision.warnings as
+// "rule: message"), in linear time, capped at maxListed.
+func warningsOf(warns []policy.Reason, other []string) []string {
+	seen := make(map[string]bool, len(warns)+len(other))
+	var out []string
+	omitted := 0
+	add := func(key, text string) {
+		if seen[key] {
+			return
+		}
+		seen[key] = true
+		if len(out) == maxListed {
+			omitted++
+			return
+		}
+		out = append(out, cut(text))
+	}
+	for _, w := range warns {
+		add(w.Rule+": "+w.Message, fmt.Sprintf("bulkhead [%s] %s", w.Rule, w.Message))
+	}
+	for _, w := range other {
+		add(w, "bulkhead: "+w)
+	}
+	if omitted > 0 {
+		out = append(out, fmt.Sprintf("bulkhead: %d more warnings omitted", omitted))
+	}
+	return out
+}
+
+// cut shortens one listed reason or warning to maxReasonBytes.
+func cut(s string) string {
+	if len(s) <= maxReasonBytes {
+		return s
+	}
+	return fmt.Sprintf("%s... (%d bytes omitted)", strings.ToValidUTF8(s[:maxReasonBytes], ""), len(s)-maxReasonBytes)
 }
 
 func refuse(uid types.UID, code int32, reason metav1.StatusReason, msg string) *admissionv1.AdmissionResponse {
