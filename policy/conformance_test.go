@@ -128,9 +128,22 @@ type conformanceProgram struct {
 
 // outcome classes of a case that does not reach both evaluators.
 const (
-	outcomeCompile = "does not compile with Bulkhead's capabilities (both evaluators refuse the bundle)"
+	outcomeCompile = "does not compile as a Bulkhead bundle (both evaluators refuse it)"
 	outcomeQuery   = "query does not prepare (both evaluators refuse it)"
 )
+
+// compileOutcome classes a compile error of a case.
+func compileOutcome(err error) string {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "undefined function"), strings.Contains(msg, "undefined ref"),
+		strings.Contains(msg, "with keyword target must reference existing"): // mocks of such a built-in
+		return outcomeCompile + ": calls or mocks a built-in Bulkhead's capabilities leave out (non-deterministic)"
+	case strings.Contains(msg, "conflicting rule for data path"):
+		return outcomeCompile + ": rules define a path the data holds (OPA's path-conflicts check)"
+	}
+	return outcomeCompile + ": another compile error"
+}
 
 // prepareCase compiles c. A non-empty skip says why neither evaluator can
 // run it (the bundle would be refused at load).
@@ -154,7 +167,7 @@ func prepareCase(ctx context.Context, c conformanceCase) (p *conformanceProgram,
 	store := newStore(data)
 	compiler, err := newCompiler(ctx, modules, store)
 	if err != nil {
-		return nil, outcomeCompile, nil
+		return nil, compileOutcome(err), nil
 	}
 	query := queryText(c)
 	td, err := rego.New(
