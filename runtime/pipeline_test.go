@@ -232,3 +232,32 @@ func TestPipelineRefusesUnsignedBundle(t *testing.T) {
 	}
 	t.Logf("refused: %v", err)
 }
+
+// TestPodRefusedWhenTheFenceCannotLoad: with the fence on (the default), a
+// node whose fence cannot be loaded opens no pipeline, so the shim refuses
+// every pod rather than run it unfenced.
+func TestPodRefusedWhenTheFenceCannotLoad(t *testing.T) {
+	dir := t.TempDir()
+	notADir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notADir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "tenants.json")
+	if err := os.WriteFile(data, []byte(testTenants), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bundle, _ := filepath.Abs("../rego")
+	cfg := DefaultConfig()
+	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
+	cfg.Policy = PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
+	cfg.Netpol.PinDir = filepath.Join(notADir, "bulkhead") // bpffs cannot be mounted on a file
+	if !cfg.Netpol.Enabled {
+		t.Fatal("the fence must be on by default")
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor); err == nil || !strings.Contains(err.Error(), "netpol") {
+		t.Fatalf("OpenPipeline with a fence that cannot load = %v, want a netpol error", err)
+	}
+}
