@@ -208,7 +208,9 @@ func TestCorpusReplay(t *testing.T) {
 }
 
 // metav1TypesUID makes a uid-safe suffix of id.
-func metav1TypesUID(id string) string { return strings.NewReplacer("/", "-").Replace(strings.ToLower(id)) }
+func metav1TypesUID(id string) string {
+	return strings.NewReplacer("/", "-").Replace(strings.ToLower(id))
+}
 
 // maxRSSMiB is this process's peak resident set.
 func maxRSSMiB() int64 {
