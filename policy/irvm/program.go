@@ -3,7 +3,10 @@
 // for its Wasm compiler and for rego target plugins. It keeps one invariant:
 // it runs a plan exactly or not at all. Load refuses any plan that uses a
 // statement or a built-in this package does not implement (ErrUnsupported),
-// so the caller can fall back to OPA's interpreter; it never guesses.
+// so the caller can fall back to OPA's interpreter; and Eval hands a single
+// evaluation back (ErrDeferred) when it meets what only the interpreter
+// decides exactly: an error, or a key the interpreter reads by path in base
+// data. It never guesses.
 //
 // Built-in functions are OPA's own implementations (topdown.GetBuiltin), so
 // sprintf, regex.match, net.cidr_contains and the rest behave as they do in
