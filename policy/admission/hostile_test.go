@@ -199,3 +199,44 @@ func TestEffectiveLimitSaturates(t *testing.T) {
 		})
 	}
 }
+
+// TestHostPathPatternMatchesItsRoot: "/dev/**" allows /dev itself (three
+// real DaemonSets mount the host's /dev), paths are judged cleaned, and a
+// refusal never quotes a rule that would have allowed the path.
+func TestHostPathPatternMatchesItsRoot(t *testing.T) {
+	rev, err := NewReviewer(Options{Decider: openEngine(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemonSet := func(hostPath string) string {
+		return `{"apiVersion":"apps/v1","kind":"DaemonSet","metadata":{"name":"agent"},"spec":{"selector":{},"template":{"spec":{` +
+			`"containers":[{"name":"newrelic","image":"newrelic/infrastructure-k8s:2.13.6","volumeMounts":[{"name":"dev","mountPath":"/dev"}]}],` +
+			`"volumes":[{"name":"dev","hostPath":{"path":"` + hostPath + `"}}]}}}}`
+	}
+	tests := []struct {
+		ns, hostPath string
+		allowed      bool
+		want         string
+	}{
+		{ns: "platform", hostPath: "/dev", allowed: true},
+		{ns: "platform", hostPath: "/dev/", allowed: true},
+		{ns: "platform", hostPath: "//dev/kvm", allowed: true},
+		{ns: "platform", hostPath: "/var/../dev", allowed: true},
+		{ns: "research", hostPath: "/dev", want: `container "newrelic" asks for host device /dev; tier "standard" allows []`},
+		{ns: "research", hostPath: "//dev/kvm", want: `asks for host device /dev/kvm;`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.ns+tt.hostPath, func(t *testing.T) {
+			resp := rev.Review(context.Background(), reviewOf(t, tt.ns, kindDaemonSet, daemonSet(tt.hostPath)))
+			if resp.Allowed != tt.allowed {
+				t.Fatalf("allowed = %v, want %v (%+v)", resp.Allowed, tt.allowed, resp.Result)
+			}
+			if tt.allowed {
+				return
+			}
+			if !strings.Contains(resp.Result.Message, tt.want) || strings.Contains(resp.Result.Message, "/dev/**") {
+				t.Errorf("message %q: want %q and no allow-list that covers the path", resp.Result.Message, tt.want)
+			}
+		})
+	}
+}
