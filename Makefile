@@ -1,16 +1,29 @@
 # Bulkhead — `make help` lists every target.
 SHELL := /usr/bin/env bash
+# Under `sudo make ...` builds and tools run as the invoking user (SUDO_USER),
+# with their own go and into their own caches; only the node runs as root.
+# Their go is found through their login shell, then in the usual places.
+ifneq ($(and $(SUDO_USER),$(filter-out root,$(SUDO_USER))),)
+USER_HOME := $(shell getent passwd $(SUDO_USER) | cut -d: -f6)
+AS_USER := sudo -u $(SUDO_USER) -H
+ifeq ($(origin GO),undefined)
+GO := $(or $(shell $(AS_USER) bash -lic 'command -v go' 2>/dev/null </dev/null | tail -n 1),$(firstword $(wildcard /usr/local/go/bin/go $(USER_HOME)/go/bin/go $(USER_HOME)/.local/go/bin/go $(USER_HOME)/sdk/go*/bin/go /usr/lib/go/bin/go)),go)
+endif
+else
+USER_HOME := $(HOME)
+AS_USER :=
 GO ?= go
-TOOLS_DIR ?= $(HOME)/.cache/bulkhead/tools
+endif
+TOOLS_DIR ?= $(USER_HOME)/.cache/bulkhead/tools
 export TOOLS_DIR
 BIN := $(CURDIR)/bin
-GVISOR_VERSION := $(shell $(GO) list -m -f '{{.Version}}' gvisor.dev/gvisor 2>/dev/null)
 
 .DEFAULT_GOAL := help
 
 .PHONY: help
 help: ## List every target with what it does.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on= off=; fi; \
+	awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %s%-16s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build the shim, the CLI and the webhook into ./bin.
@@ -28,8 +41,8 @@ deps: ## Install the Debian packages a local node needs (CNI plugins, busybox-st
 	bash test/scripts/deps.sh
 
 .PHONY: tools
-tools: ## Install pinned containerd, ctr, runsc, crictl and opa into TOOLS_DIR (cached).
-	bash test/scripts/tools.sh
+tools: ## Install pinned containerd, ctr, runsc, crictl, opa and runc into TOOLS_DIR (cached; ~20 min cold).
+	GO=$(GO) bash test/scripts/tools.sh
 
 .PHONY: test
 test: build build-failpoints tools ## Run every test: unit, Rego (with coverage gate), privileged and e2e (as root).
@@ -52,8 +65,13 @@ vet: ## go vet and gofmt check.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 
 .PHONY: demo
-demo: deps build tools ## Run a real local node (containerd + Bulkhead + gVisor) with two tenants; needs root.
-	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) run ./test/demo
+demo: ## Run a real local node (containerd + Bulkhead + gVisor + eBPF fence) with three tenants: `sudo make demo`.
+	@if [ "$$(id -u)" != 0 ]; then echo "make demo: the node needs root (containerd, bridges, eBPF): run sudo make demo" >&2; exit 2; fi
+	@$(if $(AS_USER),echo "demo: building as $(SUDO_USER) with $(GO) (tools in $(TOOLS_DIR)); only the node runs as root")
+	$(AS_USER) $(if $(AS_USER),env PATH="$(dir $(GO)):/usr/local/bin:/usr/bin:/bin") $(MAKE) --no-print-directory GO=$(GO) TOOLS_DIR=$(TOOLS_DIR) build tools
+	$(AS_USER) $(if $(AS_USER),env PATH="$(dir $(GO)):/usr/local/bin:/usr/bin:/bin") $(GO) build -o $(BIN)/demo ./test/demo
+	bash test/scripts/deps.sh
+	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(BIN)/demo
 
 .PHONY: bench
 bench: bench-policy bench-mig bench-netpol bench-webhook bench-start ## Run every benchmark.

@@ -205,6 +205,20 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: --mix %q: want one of %s\n", fs.Name(), *mix, strings.Join(simulate.MixNames(), ", "))
 		return 2
 	}
+	// The generator replaces zero values by its defaults; a value the user
+	// wrote must never be silently swapped for another.
+	if *arrivals < 1 {
+		fmt.Fprintf(stderr, "%s: --arrivals %d: must be at least 1\n", fs.Name(), *arrivals)
+		return 2
+	}
+	if !(*load > 0) || math.IsInf(*load, 0) {
+		fmt.Fprintf(stderr, "%s: --load %v: must be a number above 0 (1 offers the node's whole compute)\n", fs.Name(), *load)
+		return 2
+	}
+	if !(*isolated >= 0 && *isolated <= 1) {
+		fmt.Fprintf(stderr, "%s: --isolated %v: must be between 0 and 1\n", fs.Name(), *isolated)
+		return 2
+	}
 	var runs [][]simulate.Result
 	source := ""
 	if *trace != "" {

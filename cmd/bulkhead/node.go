@@ -5,6 +5,8 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -20,59 +22,81 @@ import (
 )
 
 func init() {
-	commands["node"] = command{summary: "node state: status, gc (repairs what crashed shims left)", run: runNode}
+	commands["node"] = command{summary: "node state: status (read-only), gc (repairs what crashed shims left)", run: func(args []string) int { return nodeMain(args, os.Stdout, os.Stderr) }}
 }
 
-func runNode(args []string) int {
+const nodeUsage = `usage: bulkhead node <subcommand> [flags]
+
+subcommands:
+  status [--json] [--config PATH]  usage against quota, GPU layout, fenced endpoints and drop
+                                   counters; read-only: it creates and changes nothing
+  gc [--config PATH]               repair what crashed shims left behind (root)
+
+exit status: 0 done, 1 failure, 2 usage error
+`
+
+func nodeMain(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: bulkhead node status [--json] [--config PATH] | gc [--config PATH]")
+		fmt.Fprint(stderr, nodeUsage)
 		return 2
 	}
-	fs := newFlagSet("node "+args[0], os.Stderr)
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, nodeUsage)
+		return 0
+	case "status", "gc":
+	default:
+		fmt.Fprintf(stderr, "bulkhead node: unknown subcommand %q\n%s", args[0], nodeUsage)
+		return 2
+	}
+	fs := newFlagSet("node "+args[0], stderr)
 	cfgPath := fs.String("config", runtime.ConfigPath(), "shim configuration file")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
 		return 2
 	}
 	cfg, err := runtime.LoadConfig(*cfgPath)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "bulkhead node:", err)
+		fmt.Fprintf(stderr, "bulkhead node: --config: %v\n", err)
 		return 1
 	}
-	ctx := context.Background()
-	comps, err := runtime.OpenComponents(ctx, cfg, false)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bulkhead node:", err)
-		return 1
-	}
-	switch args[0] {
-	case "gc":
+	if args[0] == "gc" {
+		ctx := context.Background()
+		comps, err := runtime.OpenComponents(ctx, cfg, false)
+		if err != nil {
+			fmt.Fprintln(stderr, "bulkhead node gc:", err)
+			return 1
+		}
 		rep, err := runtime.NewPipeline(cfg, comps).GC(ctx, runtime.NewStateDir(cfg.StateDir))
-		enc := json.NewEncoder(os.Stdout)
+		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(rep)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "bulkhead node gc:", err)
+			fmt.Fprintln(stderr, "bulkhead node gc:", err)
 			return 1
-		}
-		return 0
-	case "status":
-		st, err := nodeStatus(cfg, comps)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bulkhead node status:", err)
-			return 1
-		}
-		if *asJSON {
-			enc := json.NewEncoder(os.Stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(st)
-		} else {
-			printStatus(os.Stdout, st)
 		}
 		return 0
 	}
-	fmt.Fprintf(os.Stderr, "bulkhead node: unknown subcommand %q\n", args[0])
-	return 2
+	st, err := nodeStatus(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "bulkhead node status:", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st)
+	} else {
+		printStatus(stdout, st)
+	}
+	return 0
 }
 
 // NodeStatus is what `bulkhead node status` reports.
@@ -87,6 +111,8 @@ type NodeStatus struct {
 	Sandboxes  []*runtime.Reservation  `json:"sandboxes"`
 	Quota      map[string]TenantQuota  `json:"quota,omitempty"`
 	LedgerPath string                  `json:"ledger_path"`
+	// Ledger, when not empty, says why there are no sandboxes to list.
+	Ledger string `json:"ledger,omitempty"`
 	// Fence is "enabled" or "DISABLED (netpol.enabled = false)".
 	Fence string `json:"fence"`
 }
@@ -114,16 +140,30 @@ type TenantQuota struct {
 	Memory    string `json:"memory,omitempty"`
 }
 
-func nodeStatus(cfg runtime.Config, c runtime.Components) (*NodeStatus, error) {
+// nodeStatus reads the node's state read-only: the ledger, the GPUs and the
+// pinned fence are opened as they are and never created.
+func nodeStatus(cfg runtime.Config) (*NodeStatus, error) {
 	st := &NodeStatus{Drops: map[string]netpol.Stats{}, LedgerPath: cfg.LedgerPath, Fence: "enabled"}
 	if !cfg.Netpol.Enabled {
 		st.Fence = fenceDisabled
 	}
-	if err := c.Ledger.View(func(tx *runtime.LedgerTx) error {
-		var err error
-		st.Sandboxes, err = tx.List()
-		return err
-	}); err != nil {
+	ledger, err := runtime.OpenLedgerReadOnly(cfg.LedgerPath)
+	switch {
+	case errors.Is(err, runtime.ErrNoLedger):
+		st.Ledger = fmt.Sprintf("none at %s (ledger_path): no Bulkhead pod has run on this node", cfg.LedgerPath)
+	case err != nil:
+		return nil, fmt.Errorf("ledger_path: %w", err)
+	default:
+		if err := ledger.View(func(tx *runtime.LedgerTx) error {
+			var err error
+			st.Sandboxes, err = tx.List()
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("ledger_path: %w", err)
+		}
+	}
+	gpus, err := runtime.GPUsReadOnly(cfg)
+	if err != nil {
 		return nil, err
 	}
 	byTenant := map[string]*TenantStatus{}
@@ -147,28 +187,44 @@ func nodeStatus(cfg runtime.Config, c runtime.Components) (*NodeStatus, error) {
 		st.Tenants = append(st.Tenants, *ts)
 	}
 	sort.Slice(st.Tenants, func(i, j int) bool { return st.Tenants[i].Tenant < st.Tenants[j].Tenant })
-	if len(c.GPUs) > 0 {
-		alloc, err := mig.NewAllocator(c.GPUs, st.Placements)
+	if len(gpus) > 0 {
+		alloc, err := mig.NewAllocator(gpus, st.Placements)
 		if err != nil {
 			return nil, err
 		}
 		st.GPUs = alloc.Usage()
 	}
-	if c.Fence != nil {
-		eps, err := c.Fence.Endpoints()
-		if err != nil {
-			return nil, err
-		}
-		st.Endpoints = eps
-		for _, ts := range st.Tenants {
-			if s, err := c.Fence.Stats(ts.Tenant); err == nil {
-				st.Drops[ts.Tenant] = s
-			}
-		}
-	}
 	st.Quota = readQuotas(cfg.Policy.Data)
 	if st.Quota == nil {
 		st.Quota = readQuotas(cfg.Policy.Bundle)
+	}
+	if cfg.Netpol.Enabled {
+		fence, err := netpol.OpenReadOnly(cfg.Netpol.PinDir)
+		if errors.Is(err, netpol.ErrNoFence) {
+			st.Fence = fmt.Sprintf("enabled, none pinned yet at %s (netpol.pin_dir): no pod has registered with it", cfg.Netpol.PinDir)
+			return st, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("netpol.pin_dir: %w", err)
+		}
+		defer fence.Close()
+		if st.Endpoints, err = fence.Endpoints(); err != nil {
+			return nil, err
+		}
+		// Counters outlive pods: report every tenant the policy or the
+		// ledger names that the fence has seen.
+		tenants := map[string]bool{}
+		for _, ts := range st.Tenants {
+			tenants[ts.Tenant] = true
+		}
+		for t := range st.Quota {
+			tenants[t] = true
+		}
+		for t := range tenants {
+			if s, err := fence.Stats(t); err == nil {
+				st.Drops[t] = s
+			}
+		}
 	}
 	return st, nil
 }
@@ -236,16 +292,26 @@ func readBundleData(path string) ([]byte, error) {
 const fenceDisabled = "DISABLED (netpol.enabled = false): no cross-tenant, metadata or egress enforcement on this node"
 
 func printStatus(w io.Writer, st *NodeStatus) {
-	fmt.Fprintf(w, "FENCE: %s\n\n", st.Fence)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tTIER\tSANDBOXES\tGPU SLICES\tMEMORY\tQUOTA (sandboxes/slices/memory)")
-	for _, t := range st.Tenants {
-		q := st.Quota[t.Tenant]
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d MiB\t%d/%d/%s\n", t.Tenant, t.Tier, t.Sandboxes, t.GPUSlices, t.MemoryBytes>>20, q.Sandboxes, q.GPUSlices, q.Memory)
+	fmt.Fprintf(w, "FENCE: %s\n", st.Fence)
+	switch {
+	case st.Ledger != "":
+		fmt.Fprintf(w, "LEDGER: %s\n", st.Ledger)
+	case len(st.Tenants) == 0:
+		fmt.Fprintf(w, "\nno sandboxes on this node (ledger %s)\n", st.LedgerPath)
+	default:
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TENANT\tTIER\tSANDBOXES\tGPU SLICES\tMEMORY\tQUOTA (sandboxes/slices/memory)")
+		for _, t := range st.Tenants {
+			q := st.Quota[t.Tenant]
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d MiB\t%d/%d/%s\n", t.Tenant, t.Tier, t.Sandboxes, t.GPUSlices, t.MemoryBytes>>20, q.Sandboxes, q.GPUSlices, q.Memory)
+		}
+		tw.Flush()
 	}
-	tw.Flush()
 	if len(st.GPUs) > 0 {
-		fmt.Fprintln(w, "\nGPU\tMODEL\tCOMPUTE USED\tSLOTS USED\tPLACEMENTS")
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "GPU\tMODEL\tCOMPUTE USED\tSLOTS USED\tPLACEMENTS")
 		for _, g := range st.GPUs {
 			var pls []string
 			for _, p := range st.Placements {
@@ -253,8 +319,12 @@ func printStatus(w io.Writer, st *NodeStatus) {
 					pls = append(pls, fmt.Sprintf("%s@%d+%d tenant=%s sandbox=%.12s", p.Profile, p.Start, p.Size, p.Tenant, p.Owner))
 				}
 			}
-			fmt.Fprintf(w, "%d\t%s\t%d/7\t%d/8\t%v\n", g.Index, g.Model, g.Compute, g.Slots, pls)
+			if len(pls) == 0 {
+				pls = []string{"-"}
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%d/7\t%d/8\t%s\n", g.Index, g.Model, g.Compute, g.Slots, strings.Join(pls, ", "))
 		}
+		tw.Flush()
 	}
 	if len(st.Instances) > 0 {
 		fmt.Fprintln(w, "\nMIG INSTANCES")
@@ -264,6 +334,8 @@ func printStatus(w io.Writer, st *NodeStatus) {
 	}
 	if len(st.Endpoints) > 0 {
 		fmt.Fprintln(w, "\nFENCED ENDPOINTS")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  SANDBOX\tTENANT\tTIER\tIFINDEX\tADDRESSES\tMAC\tLINK-LOCAL\tHOOK")
 		for _, e := range st.Endpoints {
 			var ips []string
 			for _, a := range []netip.Addr{e.IPv4, e.IPv6} {
@@ -271,13 +343,36 @@ func printStatus(w io.Writer, st *NodeStatus) {
 					ips = append(ips, a.String())
 				}
 			}
-			fmt.Fprintf(w, "  %.12s tenant=%s tier=%s ifindex=%d %s mac=%s ll=%s (%s)\n", e.SandboxID, e.Tenant, e.Tier, e.Ifindex, strings.Join(ips, ","), e.MAC, e.LinkLocal, e.Attach)
+			fmt.Fprintf(tw, "  %.12s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", e.SandboxID, e.Tenant, e.Tier, e.Ifindex, strings.Join(ips, ","), e.MAC, e.LinkLocal, e.Attach)
 		}
+		tw.Flush()
 	}
 	if len(st.Drops) > 0 {
-		fmt.Fprintln(w, "\nDROPS")
-		for t, s := range st.Drops {
-			fmt.Fprintf(w, "  %s: %v\n", t, s.Drops)
+		fmt.Fprintln(w, "\nDROPS (packets the fence dropped, by tenant and reason, since the fence was pinned)")
+		tenants := make([]string, 0, len(st.Drops))
+		for t := range st.Drops {
+			tenants = append(tenants, t)
+		}
+		sort.Strings(tenants)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, t := range tenants {
+			fmt.Fprintf(tw, "  %s\t%s\n", t, formatDrops(st.Drops[t].Drops))
+		}
+		tw.Flush()
+	}
+}
+
+// formatDrops prints the non-zero counters in reason order: "tenant=9 rdma=3",
+// or "none".
+func formatDrops(drops map[netpol.Reason]uint64) string {
+	var parts []string
+	for _, r := range netpol.Reasons() {
+		if n := drops[r]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", r, n))
 		}
 	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, " ")
 }

@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
+	"sort"
 	"strings"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
@@ -76,7 +80,7 @@ func policyEval(args []string, stdout, stderr io.Writer) int {
 	decisionLog := fs.String("decision-log", "", "write the decision log line to FILE, or - for stdout")
 	evaluator := fs.String("evaluator", policy.EvaluatorPlan, "plan (OPA's compiled plan, interpreter as fallback) or topdown (OPA's interpreter)")
 	if err := fs.Parse(args); err != nil {
-		return exitUsage
+		return helpOrUsage(err)
 	}
 	if *bundlePath == "" || *inputPath == "" || fs.NArg() != 0 {
 		fmt.Fprintln(stderr, "bulkhead policy eval: --bundle and --input are required")
@@ -103,11 +107,12 @@ func policyEval(args []string, stdout, stderr io.Writer) int {
 	ctx := context.Background()
 	e, err := policy.Open(ctx, opts)
 	if err != nil {
-		fmt.Fprintln(stderr, "bulkhead policy eval:", err)
+		fmt.Fprintln(stderr, "bulkhead policy eval:", flagNames(err))
 		return exitError
 	}
 	defer e.Close()
 	d, decideErr := e.Decide(ctx, in)
+	decisiveFirst(d.Reasons)
 	out, err := json.MarshalIndent(d, "", "  ")
 	if err != nil {
 		fmt.Fprintln(stderr, "bulkhead policy eval:", err)
@@ -155,7 +160,7 @@ func policyTest(args []string, stdout, stderr io.Writer) int {
 	threshold := fs.Float64("threshold", 0, "fail when line coverage of the non-test modules is below PERCENT")
 	verbose := fs.Bool("v", false, "list every test and the lines not covered")
 	if err := fs.Parse(args); err != nil {
-		return exitUsage
+		return helpOrUsage(err)
 	}
 	if fs.NArg() != 1 {
 		fmt.Fprintln(stderr, "bulkhead policy test: want exactly one bundle PATH")
@@ -210,7 +215,7 @@ func policyVerify(args []string, stdout, stderr io.Writer) int {
 	keyID := fs.String("key-id", "", "key id the bundle must be signed with (required)")
 	scope := fs.String("scope", "", "scope the signature must carry (default: none)")
 	if err := fs.Parse(args); err != nil {
-		return exitUsage
+		return helpOrUsage(err)
 	}
 	if *bundlePath == "" || *key == "" || *keyID == "" || fs.NArg() != 0 {
 		fmt.Fprintln(stderr, "bulkhead policy verify: --bundle, --key and --key-id are required")
@@ -218,9 +223,61 @@ func policyVerify(args []string, stdout, stderr io.Writer) int {
 	}
 	rev, err := policy.VerifyBundle(*bundlePath, *key, *keyID, *scope)
 	if err != nil {
-		fmt.Fprintln(stderr, "bulkhead policy verify: REFUSED:", err)
+		fmt.Fprintln(stderr, "bulkhead policy verify: REFUSED:", flagNames(err))
 		return exitError
 	}
 	fmt.Fprintf(stdout, "bundle %s: signature valid (key id %s, scope %q), revision %s\n", *bundlePath, *keyID, *scope, rev)
 	return 0
+}
+
+// helpOrUsage is the exit code of a failed flag parse: 0 for -h/--help,
+// exitUsage otherwise.
+func helpOrUsage(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return exitUsage
+}
+
+// policyFlags maps the policy package's Options fields, which its errors
+// name for Go callers, to this command's flags.
+var policyFlags = strings.NewReplacer(
+	"Options.BundlePath", "--bundle",
+	"Options.DataPath", "--data",
+	"Options.DecisionLogFile", "--decision-log",
+	"Options.Evaluator", "--evaluator",
+	"Options.KeyID", "--key-id",
+	"Options.Keys", "--key",
+	"Options.Scope", "--scope",
+	"Options.InsecureSkipVerification", "(no --key given)",
+	"required with Keys", "required with --key",
+)
+
+var keysField = regexp.MustCompile(`Options\.Keys\["[^"]*"\]`)
+
+// flagNames rewrites an error of the policy package in the CLI's words.
+func flagNames(err error) string {
+	msg := keysField.ReplaceAllString(err.Error(), "--key")
+	msg = policyFlags.Replace(msg)
+	return strings.Replace(msg, "policy: ", "", 1)
+}
+
+// decisiveFirst orders reasons so that the one that decided comes first:
+// denials before warnings and audits, and among denials those about who the
+// pod is (tenant.*) before the rules that follow from it. The order within
+// each group is the policy's.
+func decisiveFirst(rs []policy.Reason) {
+	rank := func(r policy.Reason) int {
+		deny := r.Enforcement == "" || r.Enforcement == policy.EnforceDeny
+		switch {
+		case deny && strings.HasPrefix(r.Rule, "tenant."):
+			return 0
+		case deny:
+			return 1
+		case r.Enforcement == policy.EnforceWarn:
+			return 2
+		}
+		return 3
+	}
+	sort.SliceStable(rs, func(i, j int) bool { return rank(rs[i]) < rank(rs[j]) })
 }

@@ -56,7 +56,7 @@ func TestPolicyEvalExitCodes(t *testing.T) {
 		{"allow", []string{"--bundle", "../../rego", "--data", demoTenants, "--input", writeJSON(t, agentInput("bulkhead"))}, exitAllow, `"allow": true`, "NOT verified"},
 		{"deny", []string{"--bundle", "../../rego", "--data", demoTenants, "--input", writeJSON(t, agentInput("runc"))}, exitDeny, `"rule": "runtime.runc_forbidden"`, ""},
 		{"unknown input field", []string{"--bundle", "../../rego", "--input", badField}, exitError, "", `unknown field "namespce"`},
-		{"missing bundle", []string{"--bundle", "/nonexistent", "--input", writeJSON(t, agentInput(""))}, exitError, "", "BundlePath"},
+		{"missing bundle", []string{"--bundle", "/nonexistent", "--input", writeJSON(t, agentInput(""))}, exitError, "", "--bundle: stat /nonexistent"},
 		{"no input flag", []string{"--bundle", "../../rego"}, exitUsage, "", "--input are required"},
 	}
 	for _, tt := range tests {

@@ -6,7 +6,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -17,6 +19,7 @@ import (
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/test/images"
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
@@ -29,8 +32,15 @@ const tenants = `{"bulkhead": {"tenants": {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx); err != nil {
+	err := run(ctx)
+	interrupted := ctx.Err() != nil
+	stop()
+	switch {
+	case interrupted:
+		// Whatever failed after the signal failed because of it.
+		fmt.Fprintln(os.Stderr, "\ndemo interrupted: everything it started was torn down (exit 130)")
+		os.Exit(130)
+	case err != nil:
 		fmt.Fprintf(os.Stderr, "\ndemo failed: %v\n", err)
 		os.Exit(1)
 	}
@@ -39,18 +49,22 @@ func main() {
 func say(format string, args ...any) { fmt.Printf("\n==> "+format+"\n", args...) }
 
 type demo struct {
-	n   *node.Node
-	ctx context.Context
-	dir string
+	n      *node.Node
+	ctx    context.Context
+	dir    string
+	pinDir string
+	fence  *netpol.Reader // opened with the first probe: the first pod pins the fence
 }
 
 type pod struct {
 	cfg       *cri.PodSandboxConfig
 	id, ctr   string
 	ip, label string
+	ip6       string // the pod's IPv6 address on the dual-stack bridge
+	tenant    string // the tenant owning the pod's namespace (the demo names them alike)
 }
 
-func run(ctx context.Context) error {
+func run(ctx context.Context) (retErr error) {
 	bins := node.BinDirs()
 	if err := node.Requirements(bins); err != nil {
 		return fmt.Errorf("%v — run `make build tools` and `sudo make demo`", err)
@@ -64,23 +78,31 @@ func run(ctx context.Context) error {
 		return err
 	}
 	pinDir := fmt.Sprintf("/sys/fs/bpf/bulkhead-demo-%d", os.Getpid())
-	subnet := "10.77.0.0/24"
-	shimConf, err := node.Pipeline{Bundle: bundle, TenantsJSON: tenants, MockModel: "h200", MockGPUs: 2, PinDir: pinDir, Signed: true, BinDirs: bins}.ShimConfig(dir, subnet)
+	subnet, subnet6 := "10.77.0.0/24", "fd77::/64"
+	shimConf, err := node.Pipeline{Bundle: bundle, TenantsJSON: tenants, MockModel: "h200", MockGPUs: 2, PinDir: pinDir, Signed: true, BinDirs: bins, Subnet6: subnet6}.ShimConfig(dir, subnet)
 	if err != nil {
 		return err
 	}
 	say("starting a private node in %s: containerd v2.4.2, Bulkhead's shim as handler %q, gVisor,\n    the default policy bundle (rego/) built and signed with `opa build --signing-key` (key id %q,\n    scope %q) and verified by the node, two mock H200 GPUs and the eBPF fence", dir, node.Handler, node.BundleKeyID, node.BundleScope)
 	fmt.Printf("    tenants: agents (tier untrusted, quota 3 sandboxes), research (tier standard), training (tier trusted)\n")
-	n, err := node.Start(ctx, node.Options{Dir: dir, BinDir: bins, Bridge: "bh-demo0", Subnet: subnet, PipelineEnabled: true, ShimConfig: shimConf})
+	n, err := node.Start(ctx, node.Options{Dir: dir, BinDir: bins, Bridge: "bh-demo0", Subnet: subnet, Subnet6: subnet6, PipelineEnabled: true, ShimConfig: shimConf})
 	if err != nil {
 		return err
 	}
+	d := &demo{n: n, ctx: ctx, dir: dir, pinDir: pinDir}
 	defer func() {
 		say("tearing down: pods, containerd, bridge, eBPF pins, %s", dir)
+		if d.fence != nil {
+			d.fence.Close()
+		}
 		n.Stop(context.Background())
 		_ = os.RemoveAll(pinDir)
+		if err := leftovers(dir, pinDir, n.BridgeName()); err != nil {
+			retErr = errors.Join(retErr, err)
+			return
+		}
+		fmt.Println("done: nothing left on this machine (checked: processes, network links, mounts, eBPF pins, state directory)")
 	}()
-	d := &demo{n: n, ctx: ctx, dir: dir}
 
 	say("policy refusals (the message is what the kubelet and crictl see)")
 	hostRoot := []*cri.Mount{{HostPath: "/", ContainerPath: "/host", Readonly: true}}
@@ -141,10 +163,28 @@ func run(ctx context.Context) error {
 	fmt.Printf("    inside agents/coder-1: %s\n", firstLine(dmesg))
 
 	say("traffic")
-	d.try(coder2, coder1, "agents → agents (same tenant)")
-	d.try(notebook, coder1, "research → agents (across tenants)")
-	d.try(coder1, notebook, "agents → research (across tenants)")
-	fmt.Println("    (RoCEv2 needs the tier's RDMA grant on both ends; the untrusted tier has none.)")
+	fmt.Println("    a flow is BLOCKED only when the probe ran, failed, and the fence's drop counters for the")
+	fmt.Println("    two tenants rose meanwhile (shown as tenant reason+count); a probe that cannot run stops the demo")
+	time.Sleep(200 * time.Millisecond) // let the servers start
+	for _, f := range []struct {
+		from, to *pod
+		what     string
+		v6       bool
+	}{
+		{coder2, coder1, "agents → agents (same tenant)", false},
+		{notebook, coder1, "research → agents (across tenants)", false},
+		{coder1, notebook, "agents → research (across tenants)", false},
+		{coder2, coder1, "agents → agents (same tenant), IPv6", true},
+		{notebook, coder1, "research → agents (across tenants), IPv6", true},
+	} {
+		if f.v6 && f.from == coder2 {
+			fmt.Println("    (RoCEv2 needs the tier's RDMA grant on both ends; the untrusted tier has none.)")
+			fmt.Println("    the bridge is dual-stack: the same fence over IPv6")
+		}
+		if err := d.try(f.from, f.to, f.what, f.v6); err != nil {
+			return err
+		}
+	}
 
 	say("bulkhead node status: usage against quota, GPU layout, fenced endpoints, drop counters")
 	if err := d.status(); err != nil {
@@ -188,7 +228,7 @@ func (d *demo) runPod(handler, name, ns string, ann map[string]string, script st
 	if err != nil {
 		return nil, err
 	}
-	p := &pod{cfg: cfg, id: sb.PodSandboxId, label: ns + "/" + name}
+	p := &pod{cfg: cfg, id: sb.PodSandboxId, label: ns + "/" + name, tenant: ns}
 	defer func() {
 		if retErr != nil {
 			_, _ = d.n.Runtime.StopPodSandbox(context.WithoutCancel(d.ctx), &cri.StopPodSandboxRequest{PodSandboxId: p.id})
@@ -219,6 +259,11 @@ func (d *demo) runPod(handler, name, ns string, ann map[string]string, script st
 		return nil, err
 	}
 	p.ip = st.Status.GetNetwork().GetIp()
+	for _, a := range st.Status.GetNetwork().GetAdditionalIps() {
+		if strings.Contains(a.GetIp(), ":") {
+			p.ip6 = a.GetIp()
+		}
+	}
 	return p, nil
 }
 
@@ -233,18 +278,125 @@ func (d *demo) exec(p *pod, cmd ...string) (string, error) {
 	return string(r.Stdout), nil
 }
 
-func (d *demo) try(from, to *pod, what string) {
-	time.Sleep(200 * time.Millisecond) // let the server start
-	fmt.Printf("    %s\n", what)
-	for _, c := range []struct{ mode, port, label string }{
-		{"tcp", ":8080", "TCP 8080"}, {"udp", ":9090", "UDP 9090"}, {"icmp", "", "ICMP echo"}, {"udp", ":4791", "RoCEv2 (UDP 4791)"},
-	} {
-		verdict := "BLOCKED by the fence"
-		if _, err := d.exec(from, "netprobe", c.mode, to.ip+c.port); err == nil {
-			verdict = "allowed"
-		}
-		fmt.Printf("      %-18s %s -> %s  %s\n", c.label, from.ip, to.ip, verdict)
+// try probes the flows from one pod to another and says what happened to
+// each. A verdict is evidence, never an inference: "allowed" when the probe
+// got its answer; "BLOCKED by the fence" when the probe ran, failed, and the
+// fence's drop counters of the two tenants rose while it ran (the reasons
+// that rose are printed). A probe that could not run is an error; one that
+// failed with no drop counted is printed as such, never as the fence's.
+func (d *demo) try(from, to *pod, what string, v6 bool) error {
+	type flow struct{ mode, target, label string }
+	flows := []flow{
+		{"tcp", to.ip + ":8080", "TCP 8080"}, {"udp", to.ip + ":9090", "UDP 9090"},
+		{"icmp", to.ip, "ICMP echo"}, {"udp", to.ip + ":4791", "RoCEv2 (UDP 4791)"},
 	}
+	src, dst := from.ip, to.ip
+	if v6 {
+		if from.ip6 == "" || to.ip6 == "" {
+			return fmt.Errorf("%s → %s: no IPv6 address on the pods (%q, %q)", from.label, to.label, from.ip6, to.ip6)
+		}
+		flows = []flow{{"tcp", "[" + to.ip6 + "]:8080", "TCP 8080"}, {"icmp6", to.ip6, "ICMPv6 echo"}}
+		src, dst = from.ip6, to.ip6
+	}
+	fmt.Printf("    %s\n", what)
+	for _, f := range flows {
+		verdict, err := d.probe(from, to, f.mode, f.target)
+		if err != nil {
+			return fmt.Errorf("%s → %s, %s: %w", from.label, to.label, f.label, err)
+		}
+		fmt.Printf("      %-18s %s -> %s  %s\n", f.label, src, dst, verdict)
+	}
+	return nil
+}
+
+// probe runs netprobe in from and returns the verdict with its evidence.
+func (d *demo) probe(from, to *pod, mode, target string) (string, error) {
+	before, err := d.drops(from.tenant, to.tenant)
+	if err != nil {
+		return "", err
+	}
+	r, err := d.n.Runtime.ExecSync(d.ctx, &cri.ExecSyncRequest{ContainerId: from.ctr, Cmd: []string{"netprobe", mode, target}, Timeout: 20})
+	if err != nil {
+		return "", fmt.Errorf("the probe could not run: %w", err)
+	}
+	if r.ExitCode == 0 {
+		return "allowed", nil
+	}
+	stderr := strings.TrimSpace(string(r.Stderr))
+	if r.ExitCode != 1 { // 1 is netprobe's "no answer"; 2 usage, 126/127 exec
+		return "", fmt.Errorf("the probe could not run: exit %d: %s", r.ExitCode, stderr)
+	}
+	after, err := d.drops(from.tenant, to.tenant)
+	if err != nil {
+		return "", err
+	}
+	var rose []string
+	for _, t := range []string{from.tenant, to.tenant} {
+		for _, reason := range netpol.Reasons() {
+			if reason.String() == "nd" && !strings.Contains(target, "[") && mode != "icmp6" {
+				continue // neighbour discovery is IPv6's: not this IPv4 probe's packets
+			}
+			k := t + " " + reason.String()
+			if n := after[k] - before[k]; n > 0 {
+				rose = append(rose, fmt.Sprintf("%s %s+%d", t, reason, n))
+			}
+		}
+		if from.tenant == to.tenant {
+			break
+		}
+	}
+	if len(rose) == 0 {
+		// Not claimed for the fence: something else lost the packets.
+		return "NO ANSWER, and the fence counted no drop: not the fence's doing (" + stderr + ")", nil
+	}
+	return "BLOCKED by the fence (drops: " + strings.Join(rose, ", ") + ")", nil
+}
+
+// drops reads the fence's counters of the tenants, keyed "tenant reason",
+// through read-only handles on the maps the shims pinned.
+func (d *demo) drops(tenants ...string) (map[string]uint64, error) {
+	if d.fence == nil {
+		f, err := netpol.OpenReadOnly(d.pinDir)
+		if err != nil {
+			return nil, fmt.Errorf("reading the fence's drop counters: %w", err)
+		}
+		d.fence = f
+	}
+	out := map[string]uint64{}
+	for _, t := range tenants {
+		s, err := d.fence.Stats(t)
+		if err != nil {
+			return nil, fmt.Errorf("reading the fence's drop counters: %w", err)
+		}
+		for r, n := range s.Drops {
+			out[t+" "+r.String()] = n
+		}
+	}
+	return out, nil
+}
+
+// leftovers checks that the node left nothing behind: no process naming its
+// directory, no mount under it, no bridge, no pins, no directory.
+func leftovers(dir, pinDir, bridge string) error {
+	var left []string
+	if pids := node.ProcessesUnder(dir); len(pids) > 0 {
+		left = append(left, fmt.Sprintf("processes %v", pids))
+	}
+	if ms := node.MountsUnder(dir); len(ms) > 0 {
+		left = append(left, fmt.Sprintf("mounts %v", ms))
+	}
+	if _, err := net.InterfaceByName(bridge); err == nil {
+		left = append(left, "link "+bridge)
+	}
+	for _, p := range []string{pinDir, dir} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			left = append(left, p)
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("teardown left %s", strings.Join(left, "; "))
+	}
+	return nil
 }
 
 func (d *demo) status() error {
