@@ -34,6 +34,10 @@ const Handler = "bulkhead"
 // shim and runc are built.
 const RuncHandler = "bulkhead-runc"
 
+// UpstreamRuncHandler is containerd's own runc shim without Bulkhead,
+// registered where containerd-shim-runc-v2 is built (the bench baseline).
+const UpstreamRuncHandler = "upstream-runc"
+
 // Options configures a node.
 type Options struct {
 	// Dir holds everything the node writes; it must be empty or absent.
@@ -172,6 +176,14 @@ state = "{{.Dir}}/state"
       runtime_path = "{{.RuncShim}}"
       pod_annotations = ["bulkhead.dev/*"]
 {{- end}}
+{{- if .UpstreamRuncShim}}
+    # containerd's own runc shim, without Bulkhead: the baseline of make bench-start.
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.UpstreamRuncHandler}}]
+      runtime_type = "io.containerd.runc.v2"
+      runtime_path = "{{.UpstreamRuncShim}}"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.UpstreamRuncHandler}}.options]
+        BinaryName = "{{.Runc}}"
+{{- end}}
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{{.Dir}}/cni"
@@ -247,8 +259,9 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	// and a runc are built (make build tools).
 	runcShim, _ := lookPath("containerd-shim-bulkhead-runc-v1", opts.BinDir)
 	runc, _ := lookPath("runc", opts.BinDir)
+	upstreamRuncShim, _ := lookPath("containerd-shim-runc-v2", opts.BinDir)
 	if runc == "" {
-		runcShim = ""
+		runcShim, upstreamRuncShim = "", ""
 	}
 	for _, d := range []string{"cni", "cni-ipam", "root", "state"} {
 		if err := os.MkdirAll(filepath.Join(opts.Dir, d), 0o711); err != nil {
@@ -258,7 +271,8 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	data := map[string]string{
 		"Dir": opts.Dir, "Socket": n.Socket, "PauseImage": images.PauseImage, "Handler": Handler,
 		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet, "Subnet6": opts.Subnet6,
-		"RuncShim": runcShim, "RuncHandler": RuncHandler,
+		"RuncShim": runcShim, "RuncHandler": RuncHandler, "Runc": runc,
+		"UpstreamRuncShim": upstreamRuncShim, "UpstreamRuncHandler": UpstreamRuncHandler,
 	}
 	if err := writeTemplate(filepath.Join(opts.Dir, "containerd.toml"), containerdConfig, data); err != nil {
 		return nil, err
