@@ -245,6 +245,9 @@ func TestHostileQuantitiesDoNotHoldOrdinaryReviews(t *testing.T) {
 			t.Logf("hostile %s refused in %v: %s", q, took, resp.Result.Message)
 		}()
 	}
+	// Let the hostile reviews reach the slots first (a pause, not a
+	// measurement): the ordinary one must queue behind them.
+	time.Sleep(200 * time.Millisecond)
 	_, ordinary := readReview(t, "pod-allowed.json")
 	code, resp, took := sendReview(t, url, *ordinary.Request)
 	wg.Wait()
@@ -263,9 +266,15 @@ func TestHostileQuantitiesDoNotHoldOrdinaryReviews(t *testing.T) {
 	if code != http.StatusOK || resp.UID == "" {
 		t.Fatalf("10,000 containers: HTTP %d, %+v", code, resp)
 	}
-	if len(resp.Warnings) != maxListed+1 {
-		t.Errorf("10,000 unpinned images: %d warnings, want %d", len(resp.Warnings), maxListed+1)
+	switch {
+	case !resp.Allowed && resp.Result != nil && resp.Result.Code == http.StatusGatewayTimeout:
+		// A busy machine may take longer than the deadline: then the
+		// review is refused, which is also a correct answer.
+		t.Logf("10,000 containers with unpinned images (%d KiB): refused at the deadline after %v: %s", len(unpinned)>>10, took, resp.Result.Message)
+	case len(resp.Warnings) != maxListed+1:
+		t.Errorf("10,000 unpinned images: %d warnings, want %d (%+v)", len(resp.Warnings), maxListed+1, resp.Result)
+	default:
+		t.Logf("10,000 containers with unpinned images (%d KiB): allowed=%v, %d warnings (last %q), answered in %v",
+			len(unpinned)>>10, resp.Allowed, len(resp.Warnings), resp.Warnings[len(resp.Warnings)-1], took)
 	}
-	t.Logf("10,000 containers with unpinned images (%d KiB): allowed=%v, %d warnings (last %q), answered in %v",
-		len(unpinned)>>10, resp.Allowed, len(resp.Warnings), resp.Warnings[len(resp.Warnings)-1], took)
 }
