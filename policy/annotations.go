@@ -11,12 +11,14 @@ import (
 // identity. The node (runtime) and the admission webhook parse them with
 // ParseAnnotations, so both read a pod the same way.
 const (
+	// RequestAnnotationPrefix marks the annotations that are requests.
+	RequestAnnotationPrefix = "bulkhead.dev/"
 	// AnnotationGPUProfile names a MIG profile such as "1g.18gb", or ProfileWhole.
-	AnnotationGPUProfile = "bulkhead.dev/gpu-profile"
+	AnnotationGPUProfile = RequestAnnotationPrefix + "gpu-profile"
 	// AnnotationGPUCount is the number of slices (or whole GPUs); default 1.
-	AnnotationGPUCount = "bulkhead.dev/gpu-count"
+	AnnotationGPUCount = RequestAnnotationPrefix + "gpu-count"
 	// AnnotationRDMA asks for the tenant's own RDMA VF ("true"/"false").
-	AnnotationRDMA = "bulkhead.dev/rdma"
+	AnnotationRDMA = RequestAnnotationPrefix + "rdma"
 	// ProfileWhole asks for an entire GPU.
 	ProfileWhole = "whole"
 	// MaxGPUCount bounds AnnotationGPUCount.

@@ -35,8 +35,8 @@ type logEntry struct {
 }
 
 // requestPrefix is the prefix of the annotations that are requests to
-// Bulkhead ("bulkhead.dev/"), taken from their one home in annotations.go.
-var requestPrefix = AnnotationGPUProfile[:strings.IndexByte(AnnotationGPUProfile, '/')+1]
+// Bulkhead ("bulkhead.dev/").
+const requestPrefix = RequestAnnotationPrefix
 
 // lastAppliedConfiguration is kubectl's copy of the whole object as it was
 // applied, env values and all: masked whatever a bundle allows.

@@ -25,7 +25,7 @@ import (
 
 // RequestAnnotationPrefix marks pod annotations that are requests to
 // Bulkhead (GPU profile, RDMA). They are never identity.
-const RequestAnnotationPrefix = "bulkhead.dev/"
+const RequestAnnotationPrefix = policy.RequestAnnotationPrefix
 
 // DefaultHandler is the CRI runtime handler (RuntimeClass handler) that
 // selects Bulkhead when containerd does not say which handler it used.

@@ -254,7 +254,7 @@ func trimPod(obj any) (any, error) {
 	out.Name, out.Namespace, out.UID = p.Name, p.Namespace, p.UID
 	out.ResourceVersion = p.ResourceVersion
 	for k, v := range p.Annotations {
-		if strings.HasPrefix(k, "bulkhead.dev/") {
+		if strings.HasPrefix(k, policy.RequestAnnotationPrefix) {
 			if out.Annotations == nil {
 				out.Annotations = map[string]string{}
 			}
