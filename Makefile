@@ -96,6 +96,30 @@ bench-webhook: ## Benchmark the admission webhook with concurrent TLS clients.
 bench-start: build build-failpoints tools ## 20 pod starts through CRI: p50/p95 with the pipeline on vs off (root).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkPodStart -benchtime 1x ./test/e2e/...
 
+# govulncheck, pinned, and the Go vulnerability database built from the
+# golang.org/x/vulndb module: the module proxy is the only network these
+# machines reach, and the module carries every report as OSV JSON
+# (data/osv). Its own cmd/indexdb writes the index govulncheck's
+# -db file:// reads. VULNDB_VERSION=latest takes the newest reports.
+GOVULNCHECK_VERSION ?= v1.9.0
+VULNDB_VERSION ?= latest
+
+.PHONY: vulncheck
+vulncheck: ## govulncheck ./... against the vulnerability database of the golang.org/x/vulndb module (exit 3: findings).
+	@set -euo pipefail; \
+	GOBIN=$(TOOLS_DIR)/bin $(GO) install golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION); \
+	info=$$($(GO) mod download -json golang.org/x/vulndb@$(VULNDB_VERSION)); \
+	ver=$$(sed -n 's/^\t"Version": "\(.*\)",$$/\1/p' <<<"$$info"); \
+	src=$$(sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p' <<<"$$info"); \
+	db=$(TOOLS_DIR)/vulndb/$$ver; \
+	if [ ! -f "$$db/index/db.json" ]; then \
+		rm -rf "$$db.tmp"; \
+		$(GO) run golang.org/x/vulndb/cmd/indexdb@$$ver -vulns "$$src/data/osv" -out "$$db.tmp"; \
+		mv "$$db.tmp" "$$db"; \
+	fi; \
+	echo "vulncheck: govulncheck $(GOVULNCHECK_VERSION), golang.org/x/vulndb $$ver, $$($(GO) env GOVERSION)"; \
+	$(TOOLS_DIR)/bin/govulncheck -db "file://$$db" ./...
+
 .PHONY: generate
 generate: ## Regenerate committed generated files (eBPF objects).
 	$(GO) generate ./...
