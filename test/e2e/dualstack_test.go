@@ -208,6 +208,26 @@ func TestDualStackFenceThroughCRI(t *testing.T) {
 		return net.HardwareAddr(e.MAC), e.LinkLocal
 	}
 
+	// The link-local address the fence holds is the one the sandbox uses:
+	// runsc may have moved it out of the namespace before registration, and
+	// Register then derives it from the MAC.
+	t.Run("sandbox link-local is the registered one", func(t *testing.T) {
+		for _, p := range []dsPod{a1, a2, r1, r2} {
+			_, ll := l2(p)
+			out, err := execSync(ctx, pn.Node, p.ctr, "ip", "-6", "addr")
+			if err != nil {
+				t.Skipf("ip -6 addr in %s: %v", p.name, err)
+			}
+			if !strings.Contains(out, "fe80:") {
+				t.Logf("%s's sandbox shows no link-local address:\n%s", p.name, out)
+				continue
+			}
+			if !strings.Contains(out, ll.String()+"/") {
+				t.Errorf("%s: the fence holds link-local %s, the sandbox has:\n%s", p.name, ll, out)
+			}
+		}
+	})
+
 	t.Run("router advertisement from a pod", func(t *testing.T) {
 		mac, ll := l2(a1)
 		evil := netip.MustParsePrefix("fd66::/64")
