@@ -33,13 +33,19 @@ type corpusObject struct {
 	raw  []byte
 }
 
-// readCorpus reads every object of testdata/corpus/*.yaml.
+// readCorpus reads every object of testdata/corpus/*.yaml and of the
+// verbatim upstream copies in testdata/corpus/*/*.yaml.
 func readCorpus(t testing.TB) []corpusObject {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join("testdata", "corpus", "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no corpus: %v", err)
 	}
+	upstream, err := filepath.Glob(filepath.Join("testdata", "corpus", "*", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, upstream...)
 	var out []corpusObject
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -60,6 +66,9 @@ func readCorpus(t testing.TB) []corpusObject {
 			}
 			if err := json.Unmarshal(raw, &head); err != nil {
 				t.Fatalf("%s: %v", f, err)
+			}
+			if len(raw) == 0 || string(raw) == "null" {
+				continue // an empty document between two ---
 			}
 			out = append(out, corpusObject{file: filepath.Base(f), gvk: head.GroupVersionKind(), name: head.Metadata.Name, raw: raw})
 		}
@@ -185,6 +194,7 @@ func TestCorpusReplay(t *testing.T) {
 			case resp.Result != nil && resp.Result.Code == http.StatusBadRequest:
 				c.invalid++
 				got = resp.Result.Message
+				t.Logf("%s (%s): 400: %s", id, o.file, got)
 				if !strings.Contains(got, fmt.Sprintf("%s %q", strings.ToLower(o.gvk.Kind), o.name)) {
 					t.Errorf("%s: 400 does not name the object: %s", id, got)
 				}
