@@ -346,8 +346,11 @@ func (d *demo) probe(from, to *pod, mode, target string) (string, error) {
 		}
 	}
 	if len(rose) == 0 {
-		// Not claimed for the fence: something else lost the packets.
-		return "NO ANSWER, and the fence counted no drop: not the fence's doing (" + stderr + ")", nil
+		// Not claimed for the fence: no packet of this probe reached it.
+		// Often the sender never sent one: its stack gave up resolving the
+		// peer after the fence refused its ARP in an earlier probe.
+		return "NO ANSWER, but no drop counted during this probe, so not claimed for the fence (the sender may have given up\n" +
+			"                         resolving the peer after an earlier refused ARP) (" + stderr + ")", nil
 	}
 	return "BLOCKED by the fence (drops: " + strings.Join(rose, ", ") + ")", nil
 }
