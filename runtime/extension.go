@@ -66,7 +66,7 @@ type pod struct {
 	// sandbox whose create failed after the task service made it).
 	deleteTask func(ctx context.Context, id string) error
 
-	// mu guards sandbox, options and reservation.
+	// mu guards sandbox, options and admission.
 	mu sync.Mutex
 	// sandbox is the pod's record, nil until the sandbox container is created.
 	sandbox *Sandbox
@@ -75,8 +75,8 @@ type pod struct {
 	options *anypb.Any
 	// pipeline places the pod; nil while the pipeline is disabled.
 	pipeline *Pipeline
-	// reservation is what the pipeline holds for the pod.
-	reservation *Reservation
+	// admission is what the pipeline admitted for the pod.
+	admission *Admission
 }
 
 // NewPodExtension returns the extension for one pod in front of next.
@@ -154,7 +154,7 @@ func (p *pod) createContainer(ctx context.Context, id, bundle string, spec *spec
 	if p.pipeline != nil {
 		// The policy judges every container as containerd wrote it: what
 		// the webhook saw may not be what runs.
-		if err := p.pipeline.AdmitContainer(ctx, p.sandbox, id, spec); err != nil {
+		if err := p.pipeline.AdmitContainer(ctx, p.sandbox, p.admission, id, spec); err != nil {
 			log.G(ctx).WithError(err).Warnf("container %s: refused", id)
 			return err
 		}
@@ -164,10 +164,10 @@ func (p *pod) createContainer(ctx context.Context, id, bundle string, spec *spec
 		}
 		// Every container loses RDMA devices its tenant was not granted,
 		// and gets the pod's GPU.
-		if err := rdma.SpecOpt(p.pipeline.RDMAGrant(p.sandbox))(spec); err != nil {
+		if err := rdma.SpecOpt(p.pipeline.RDMAGrant(p.admission, p.sandbox))(spec); err != nil {
 			return fmt.Errorf("container %s: %w", id, err)
 		}
-		if err := p.pipeline.InjectGPU(p.reservation, spec); err != nil {
+		if err := p.pipeline.InjectGPU(p.admission.Reservation, spec); err != nil {
 			return fmt.Errorf("container %s: %w", id, err)
 		}
 		if err := writeSpecIfChanged(bundle, read, spec); err != nil {
@@ -189,8 +189,9 @@ func (p *pod) saveRecord(ctx context.Context) {
 	}
 }
 
-// createSandbox runs the placement pipeline around the sandbox's creation.
-// Any failure unwinds every step already taken, in reverse.
+// createSandbox places the pod around its sandbox's creation
+// (Pipeline.Place: decide, reserve, gpu, sandbox, fence, activate). Any
+// failure unwinds every step already taken, in reverse; the record goes last.
 func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) (retErr error) {
 	sb := SandboxFromSpec(id, bundle, spec)
 	if spec.Annotations[AnnotationRuntimeHandler] == "" && p.runtime == policy.RuntimeRunc {
@@ -201,26 +202,14 @@ func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 	if err := p.state.Save(sb); err != nil {
 		return err
 	}
-	var created bool
 	defer func() {
 		if retErr == nil {
 			return
 		}
-		uctx := context.WithoutCancel(ctx)
-		if created {
-			if err := p.deleteTask(uctx, id); err != nil {
-				log.G(ctx).WithError(err).Warnf("sandbox %s: delete after failed create", sb.ID)
-			}
-		}
-		if p.pipeline != nil {
-			if err := p.pipeline.Release(uctx, sb.ID); err != nil {
-				log.G(ctx).WithError(err).Warnf("sandbox %s: release after failed create", sb.ID)
-			}
-		}
 		if err := p.state.Remove(sb.ID); err != nil {
 			log.G(ctx).WithError(err).Warnf("sandbox %s: remove record after failed create", sb.ID)
 		}
-		p.sandbox, p.options, p.reservation = nil, nil, nil
+		p.sandbox, p.options, p.admission = nil, nil, nil
 		log.G(ctx).WithError(retErr).Warnf("sandbox %s: refused", sb.ID)
 	}()
 
@@ -236,7 +225,11 @@ func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 		p.options = options
 	}
 	p.sandbox = sb
-	if p.cfg.Pipeline.Enabled {
+	if !p.cfg.Pipeline.Enabled {
+		if err := next(); err != nil {
+			return err
+		}
+	} else {
 		if p.pipeline == nil {
 			var err error
 			if p.pipeline, err = OpenPipeline(ctx, p.cfg, p.runtime); err != nil {
@@ -247,35 +240,15 @@ func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 				log.G(ctx).WithError(err).Warn("gc at shim start")
 			}
 		}
-		read, err := encodeSpec(spec)
+		a, err := p.pipeline.Place(ctx, sb, spec, SandboxTask{
+			Create: func(context.Context) error { return next() },
+			Delete: func(ctx context.Context) error { return p.deleteTask(ctx, id) },
+		})
 		if err != nil {
 			return err
 		}
-		res, err := p.pipeline.Admit(ctx, sb, spec)
-		if err != nil {
-			return err
-		}
-		p.reservation = res
-		sb.Tenant = res.Tenant
-		if err := rdma.SpecOpt(p.pipeline.RDMAGrant(sb))(spec); err != nil {
-			return err
-		}
-		// Admit injected the GPU; the grant stripped RDMA devices.
-		if err := writeSpecIfChanged(bundle, read, spec); err != nil {
-			return err
-		}
-		if err := p.pipeline.fail(StepSandbox); err != nil {
-			return err
-		}
-	}
-	if err := next(); err != nil {
-		return err
-	}
-	created = true
-	if p.pipeline != nil {
-		if err := p.pipeline.Activate(ctx, sb, p.reservation); err != nil {
-			return err
-		}
+		p.admission = a
+		sb.Tenant = a.Reservation.Tenant
 	}
 	sb.Phase = PhaseCreated
 	p.saveRecord(ctx)

@@ -243,7 +243,7 @@ const sandboxContainerName = "sandbox"
 // admitted sandbox sb: the pod's identity and host namespaces and what this
 // container asks of the host. Quotas and GPUs were settled at sandbox
 // create, so request and usage stay empty.
-func (p *Pipeline) ContainerInput(sb *Sandbox, id string, spec *specs.Spec) policy.Input {
+func (p *Pipeline) ContainerInput(sb *Sandbox, a *Admission, id string, spec *specs.Spec) policy.Input {
 	name := spec.Annotations[AnnotationContainerName]
 	if name == "" {
 		name = id
@@ -263,7 +263,7 @@ func (p *Pipeline) ContainerInput(sb *Sandbox, id string, spec *specs.Spec) poli
 	if spec.Linux != nil && len(spec.Linux.Sysctl) > 0 {
 		in.Pod.Sysctls = spec.Linux.Sysctl
 	}
-	granted := p.RDMAGrant(sb).Devices
+	granted := p.RDMAGrant(a, sb).Devices
 	in.Pod.Containers = []policy.Container{containerOf(name, spec, p.cfg.podFiles(sb, id), granted)}
 	return in
 }
@@ -271,8 +271,8 @@ func (p *Pipeline) ContainerInput(sb *Sandbox, id string, spec *specs.Spec) poli
 // AdmitContainer asks the policy whether container id may be created in
 // sandbox sb as spec describes it. A refusal names the rules, like a
 // sandbox refusal, and changes nothing.
-func (p *Pipeline) AdmitContainer(ctx context.Context, sb *Sandbox, id string, spec *specs.Spec) error {
-	d, err := p.decider.Decide(ctx, p.ContainerInput(sb, id, spec))
+func (p *Pipeline) AdmitContainer(ctx context.Context, sb *Sandbox, a *Admission, id string, spec *specs.Spec) error {
+	d, err := p.decider.Decide(ctx, p.ContainerInput(sb, a, id, spec))
 	if err != nil || !d.Allow {
 		return refusal(sb, d, err)
 	}
@@ -303,20 +303,11 @@ func nodeInput(alloc *mig.Allocator, gpus []mig.GPU) *policy.Node {
 	return n
 }
 
-// Admit decides and reserves: policy, quota and GPU placement happen in one
-// ledger transaction, so concurrent pods of a tenant cannot overrun its
-// quota or double-book a slice. The GPU is then set up and injected into
-// spec. On error nothing is left reserved.
-func (p *Pipeline) Admit(ctx context.Context, sb *Sandbox, spec *specs.Spec) (_ *Reservation, retErr error) {
-	in, err := p.Input(sb, spec)
-	if err != nil {
-		return nil, &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Reasons: []policy.Reason{{Rule: "input.annotations", Message: err.Error()}}}
-	}
-	if err := p.fail(StepDecide); err != nil {
-		return nil, err
-	}
-	var res *Reservation
-	err = p.ledger.Update(func(tx *LedgerTx) error {
+// reserve decides with the tenant's usage and reserves: policy, quota and
+// GPU placement happen in one ledger transaction, so concurrent pods of a
+// tenant cannot overrun its quota or double-book a slice.
+func (p *Pipeline) reserve(ctx context.Context, sb *Sandbox, in policy.Input, a *Admission) error {
+	return p.ledger.Update(func(tx *LedgerTx) error {
 		if old, err := tx.Get(sb.ID); err != nil {
 			return err
 		} else if old != nil {
@@ -347,7 +338,7 @@ func (p *Pipeline) Admit(ctx context.Context, sb *Sandbox, spec *specs.Spec) (_ 
 				Message: fmt.Sprintf("handler %q runs %s here, but the policy chose runtime %q for it (data.bulkhead.handlers)", sb.Handler, p.runtime, d.Runtime),
 			}}}
 		}
-		res = &Reservation{
+		res := &Reservation{
 			SandboxID: sb.ID, State: StateReserved, Tenant: d.Tenant, Tier: d.Tier,
 			Namespace: sb.Namespace, Pod: sb.Name, MemoryBytes: in.Request.MemoryBytes,
 			ShimPID: os.Getpid(), CreatedAt: sb.CreatedAt,
@@ -362,23 +353,12 @@ func (p *Pipeline) Admit(ctx context.Context, sb *Sandbox, spec *specs.Spec) (_ 
 		if err := p.fail(StepReserve); err != nil {
 			return err
 		}
-		sb.decision = &d
-		return tx.Put(res)
-	})
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if retErr != nil {
-			if err := p.Release(context.WithoutCancel(ctx), sb.ID); err != nil {
-				log.G(ctx).WithError(err).Warnf("sandbox %s: release after failed admit", sb.ID)
-			}
+		if err := tx.Put(res); err != nil {
+			return err
 		}
-	}()
-	if err := p.setupGPU(ctx, res, spec); err != nil {
-		return nil, err
-	}
-	return res, nil
+		a.Decision, a.Reservation = d, res
+		return nil
+	})
 }
 
 // allocator rebuilds the node's GPU allocator from the ledger; nil without GPUs.
@@ -523,74 +503,75 @@ func (p *Pipeline) procDevices() string {
 
 // RDMAGrant is the RDMA device fence for the pod's containers: nothing
 // unless the policy grants RDMA on the tenant's own VF and the pod asked.
-func (p *Pipeline) RDMAGrant(sb *Sandbox) rdma.Grant {
-	d := sb.decision
-	if d == nil || d.RDMA != policy.RDMAOwnVF || sb.Annotations[AnnotationRDMA] != "true" {
+func (p *Pipeline) RDMAGrant(a *Admission, sb *Sandbox) rdma.Grant {
+	if a == nil || a.Decision.RDMA != policy.RDMAOwnVF || sb.Annotations[AnnotationRDMA] != "true" {
 		return rdma.Grant{}
 	}
-	return rdma.Grant{Allowed: true, Devices: p.cfg.RDMA.TenantVFs[d.Tenant]}
+	return rdma.Grant{Allowed: true, Devices: p.cfg.RDMA.TenantVFs[a.Decision.Tenant]}
 }
 
-// Activate fences the running sandbox's network and marks the reservation
-// active.
-func (p *Pipeline) Activate(ctx context.Context, sb *Sandbox, res *Reservation) error {
+// fencePod registers the running sandbox's host veth in the fence, as the
+// decision configures it. The entry is recorded in the ledger before it is
+// made, so a crash in between leaves a reservation that GC can release.
+func (p *Pipeline) fencePod(ctx context.Context, sb *Sandbox, a *Admission) error {
 	if err := p.fail(StepFence); err != nil {
 		return err
 	}
+	res, d := a.Reservation, a.Decision
 	switch {
 	case p.fence == nil:
 		log.G(ctx).Warnf("sandbox %s: NOT FENCED: netpol.enabled = false on this node, so nothing stops its traffic to other tenants, the metadata service or outside its egress allow-list", sb.ID)
+		return nil
 	case sb.NetNS == "":
 		log.G(ctx).Warnf("sandbox %s: host network, allowed by tier %q: the fence does not apply to it", sb.ID, res.Tier)
+		return nil
+	case d.Network.Isolation == "none":
+		return nil
 	}
-	if p.fence != nil && sb.NetNS != "" {
-		d := sb.decision
-		ifindex, ifname, err := netpol.HostVeth(sb.NetNS, "")
-		if err != nil {
-			return fmt.Errorf("sandbox %s: find host veth: %w", sb.ID, err)
-		}
-		ep := netpol.Endpoint{SandboxID: sb.ID, Ifindex: ifindex, Tenant: res.Tenant, Tier: res.Tier}
-		v4, v6, err := podAddrs(sb.NetNS)
-		if err != nil {
-			return fmt.Errorf("sandbox %s: %w", sb.ID, err)
-		}
-		ep.IPv4, ep.IPv6 = v4, v6
-		if d != nil {
-			ep.AllowRDMA = d.RDMA == policy.RDMAOwnVF
-			ep.DenyMetadata = d.Network.DenyMetadata
-			if d.Network.EgressCIDRs != nil {
-				ep.EgressCIDRs = []netip.Prefix{}
-				for _, c := range d.Network.EgressCIDRs {
-					pfx, err := netip.ParsePrefix(c)
-					if err != nil {
-						return fmt.Errorf("decision.network.egress_cidrs: %q: %w", c, err)
-					}
-					ep.EgressCIDRs = append(ep.EgressCIDRs, pfx)
-				}
+	ifindex, ifname, err := netpol.HostVeth(sb.NetNS, "")
+	if err != nil {
+		return fmt.Errorf("sandbox %s: find host veth: %w", sb.ID, err)
+	}
+	ep := netpol.Endpoint{SandboxID: sb.ID, Ifindex: ifindex, Tenant: res.Tenant, Tier: res.Tier}
+	v4, v6, err := podAddrs(sb.NetNS)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	ep.IPv4, ep.IPv6 = v4, v6
+	ep.AllowRDMA = d.RDMA == policy.RDMAOwnVF
+	ep.DenyMetadata = d.Network.DenyMetadata
+	if d.Network.EgressCIDRs != nil {
+		ep.EgressCIDRs = []netip.Prefix{}
+		for _, c := range d.Network.EgressCIDRs {
+			pfx, err := netip.ParsePrefix(c)
+			if err != nil {
+				return fmt.Errorf("decision.network.egress_cidrs: %q: %w", c, err)
 			}
-		}
-		if d == nil || d.Network.Isolation != "none" {
-			// Record the entry before making it, so a crash in between
-			// leaves a reservation that GC can release.
-			res.Endpoint = &FenceRecord{Ifindex: ifindex, Ifname: ifname}
-			for _, a := range []netip.Addr{v4, v6} {
-				if a.IsValid() {
-					res.Endpoint.IPs = append(res.Endpoint.IPs, a.String())
-				}
-			}
-			if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
-				return err
-			}
-			if err := p.fence.Register(ctx, ep); err != nil {
-				return fmt.Errorf("sandbox %s: fence: %w", sb.ID, err)
-			}
+			ep.EgressCIDRs = append(ep.EgressCIDRs, pfx)
 		}
 	}
+	res.Endpoint = &FenceRecord{Ifindex: ifindex, Ifname: ifname}
+	for _, a := range []netip.Addr{v4, v6} {
+		if a.IsValid() {
+			res.Endpoint.IPs = append(res.Endpoint.IPs, a.String())
+		}
+	}
+	if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
+		return err
+	}
+	if err := p.fence.Register(ctx, ep); err != nil {
+		return fmt.Errorf("sandbox %s: fence: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// activate marks the reservation active: the pod is placed.
+func (p *Pipeline) activate(a *Admission) error {
 	if err := p.fail(StepActive); err != nil {
 		return err
 	}
-	res.State = StateActive
-	return p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) })
+	a.Reservation.State = StateActive
+	return p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(a.Reservation) })
 }
 
 // Release undoes everything the ledger says sandbox id holds, in reverse:

@@ -70,6 +70,17 @@ func sandboxSpec(ns, name string, ann map[string]string) (*Sandbox, *specs.Spec)
 	return sb, spec
 }
 
+// place runs Pipeline.Place for sb with a task service that creates and
+// deletes nothing, in a bundle directory of its own.
+func place(t *testing.T, p *Pipeline, sb *Sandbox, spec *specs.Spec) (*Admission, error) {
+	t.Helper()
+	sb.Bundle = t.TempDir()
+	return p.Place(context.Background(), sb, spec, SandboxTask{
+		Create: func(context.Context) error { return nil },
+		Delete: func(context.Context) error { return nil },
+	})
+}
+
 func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 	p := testPipeline(t)
 	ctx := context.Background()
@@ -84,7 +95,7 @@ func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 		{ns: "agents", name: "mig", ann: map[string]string{AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{"tenant agents", "gpu.mig_in_gvisor", "nvidia-caps"}},
 		{ns: "agents", name: "whole", ann: map[string]string{AnnotationGPUProfile: "whole"}, wantErr: []string{"tenant agents"}},
 		{ns: "agents", name: "a1", check: func(t *testing.T, r *Reservation, _ *specs.Spec) {
-			if r.Tenant != "agents" || r.Tier != "untrusted" || r.State != StateReserved || r.GPU != nil {
+			if r.Tenant != "agents" || r.Tier != "untrusted" || r.State != StateActive || r.GPU != nil {
 				t.Errorf("reservation %+v", r)
 			}
 		}},
@@ -106,7 +117,7 @@ func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.ns+"/"+tt.name, func(t *testing.T) {
 			sb, spec := sandboxSpec(tt.ns, tt.name, tt.ann)
-			r, err := p.Admit(ctx, sb, spec)
+			a, err := place(t, p, sb, spec)
 			if tt.wantErr != nil {
 				var refused *RefusedError
 				if !errors.As(err, &refused) {
@@ -130,7 +141,7 @@ func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tt.check != nil {
-				tt.check(t, r, spec)
+				tt.check(t, a.Reservation, spec)
 			}
 		})
 	}
@@ -151,11 +162,21 @@ func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 
 func TestAdmitInjectedFailuresUnwind(t *testing.T) {
 	p := testPipeline(t)
-	for _, step := range []string{StepDecide, StepReserve, StepGPU} {
+	for _, step := range Steps {
 		p.failAt = step
 		sb, spec := sandboxSpec("research", "f-"+step, map[string]string{AnnotationGPUProfile: "1g.18gb"})
-		if _, err := p.Admit(context.Background(), sb, spec); err == nil || !strings.Contains(err.Error(), "injected failure") {
-			t.Fatalf("step %s: Admit = %v", step, err)
+		sb.Bundle = t.TempDir()
+		var created, deleted int
+		_, err := p.Place(context.Background(), sb, spec, SandboxTask{
+			Create: func(context.Context) error { created++; return nil },
+			Delete: func(context.Context) error { deleted++; return nil },
+		})
+		if err == nil || !strings.Contains(err.Error(), "injected failure") {
+			t.Fatalf("step %s: Place = %v", step, err)
+		}
+		// The sandbox is deleted exactly when it was created.
+		if created != deleted {
+			t.Errorf("step %s: sandbox created %d times, deleted %d", step, created, deleted)
 		}
 		_ = p.ledger.View(func(tx *LedgerTx) error {
 			if all, _ := tx.List(); len(all) != 0 {
@@ -172,7 +193,6 @@ func TestAdmitInjectedFailuresUnwind(t *testing.T) {
 func TestRDMAGrantFollowsPolicyAndRequest(t *testing.T) {
 	p := testPipeline(t)
 	p.cfg.RDMA.TenantVFs = map[string][]string{"research": {"/dev/infiniband/uverbs3"}}
-	ctx := context.Background()
 	for _, tt := range []struct {
 		ns, name, rdma string
 		want           bool
@@ -186,13 +206,14 @@ func TestRDMAGrantFollowsPolicyAndRequest(t *testing.T) {
 			ann[AnnotationRDMA] = tt.rdma
 		}
 		sb, spec := sandboxSpec(tt.ns, tt.name, ann)
-		if _, err := p.Admit(ctx, sb, spec); err != nil {
+		a, err := place(t, p, sb, spec)
+		if err != nil {
 			if tt.want {
 				t.Fatalf("%s/%s: %v", tt.ns, tt.name, err)
 			}
 			continue
 		}
-		g := p.RDMAGrant(sb)
+		g := p.RDMAGrant(a, sb)
 		if g.Allowed != tt.want {
 			t.Errorf("%s/%s: grant %+v, want allowed=%v", tt.ns, tt.name, g, tt.want)
 		}

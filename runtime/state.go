@@ -9,8 +9,6 @@ import (
 	"regexp"
 	"sort"
 	"time"
-
-	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
 // Sandbox is Bulkhead's record of one pod sandbox. It is written to the
@@ -40,9 +38,6 @@ type Sandbox struct {
 	CreatedAt time.Time `json:"created_at"`
 	// Tenant is the tenant the policy derived from Namespace.
 	Tenant string `json:"tenant,omitempty"`
-
-	// decision is the policy decision of this shim's Admit; not persisted.
-	decision *policy.Decision
 }
 
 // Sandbox phases.

@@ -183,7 +183,7 @@ func TestNodeRefusesHostNetworkSandbox(t *testing.T) {
 		sb, spec := sandboxSpec(tt.ns, "hostnet", nil)
 		spec.Linux.Namespaces = slices.DeleteFunc(spec.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.NetworkNamespace })
 		sb = SandboxFromSpec(sb.ID, sb.Bundle, spec)
-		_, err := p.Admit(ctx, sb, spec)
+		_, err := place(t, p, sb, spec)
 		if tt.allow {
 			if err != nil {
 				t.Errorf("%s: %v", tt.ns, err)
@@ -255,7 +255,7 @@ func TestAdmitContainerJudgesTheSpec(t *testing.T) {
 		sb.ID, sb.UID = "sb1", "uid-1"
 		spec := criSpec()
 		tt.edit(spec)
-		err := p.AdmitContainer(ctx, sb, "c1", spec)
+		err := p.AdmitContainer(ctx, sb, nil, "c1", spec)
 		switch {
 		case tt.rule == "" && err != nil:
 			t.Errorf("%s %+v: refused: %v", tt.ns, spec.Mounts[len(spec.Mounts)-1], err)

@@ -1,0 +1,114 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
+	"github.com/bulkhead-runtime/bulkhead/policy"
+)
+
+// Admission is what Place admitted for a pod: the decision it was admitted
+// under and what it holds. The shim keeps it for the pod's later
+// containers (their RDMA grant, their GPU).
+type Admission struct {
+	Decision    policy.Decision
+	Reservation *Reservation
+}
+
+// SandboxTask is the task service's sandbox as Place drives it.
+type SandboxTask struct {
+	// Create has the task service (gVisor's or runc's) create the sandbox
+	// from its bundle, whose config.json Place has written.
+	Create func(ctx context.Context) error
+	// Delete deletes it again when a later step fails.
+	Delete func(ctx context.Context) error
+}
+
+// step is one stage of placing a pod and what undoes it when a later stage
+// fails. An undo of nil means the step leaves nothing of its own: what the
+// gpu and fence steps make is recorded in the reservation before it is
+// made, and the reservation's release undoes it.
+type step struct {
+	name string
+	do   func(ctx context.Context) error
+	undo func(ctx context.Context) error
+}
+
+// Place runs one pod's path, the table of docs/runtime.md, with one undo
+// stack: decide → reserve → gpu → sandbox → fence → activate. On error every
+// step taken is undone in reverse and nothing of the pod is left (but its
+// state record, which the caller owns).
+func (p *Pipeline) Place(ctx context.Context, sb *Sandbox, spec *specs.Spec, task SandboxTask) (_ *Admission, retErr error) {
+	read, err := encodeSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	a := &Admission{}
+	var in policy.Input
+	steps := []step{
+		{name: StepDecide, do: func(ctx context.Context) error {
+			var err error
+			if in, err = p.Input(sb, spec); err != nil {
+				return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Reasons: []policy.Reason{{Rule: "input.annotations", Message: err.Error()}}}
+			}
+			return p.fail(StepDecide)
+		}},
+		{name: StepReserve, do: func(ctx context.Context) error {
+			return p.reserve(ctx, sb, in, a)
+		}, undo: func(ctx context.Context) error {
+			return p.Release(ctx, sb.ID)
+		}},
+		{name: StepGPU, do: func(ctx context.Context) error {
+			return p.setupGPU(ctx, a.Reservation, spec)
+		}},
+		{name: StepSandbox, do: func(ctx context.Context) error {
+			// The spec as the decision shapes it: the GPU injected (gpu
+			// step), RDMA devices the tenant was not granted removed.
+			if err := rdma.SpecOpt(p.RDMAGrant(a, sb))(spec); err != nil {
+				return err
+			}
+			if err := writeSpecIfChanged(sb.Bundle, read, spec); err != nil {
+				return err
+			}
+			if err := p.fail(StepSandbox); err != nil {
+				return err
+			}
+			return task.Create(ctx)
+		}, undo: task.Delete},
+		{name: StepFence, do: func(ctx context.Context) error {
+			return p.fencePod(ctx, sb, a)
+		}},
+		{name: StepActive, do: func(ctx context.Context) error {
+			return p.activate(a)
+		}},
+	}
+	var done []step
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		uctx := context.WithoutCancel(ctx)
+		for i := len(done) - 1; i >= 0; i-- {
+			if done[i].undo == nil {
+				continue
+			}
+			if err := done[i].undo(uctx); err != nil {
+				log.G(ctx).WithError(err).Warnf("sandbox %s: undo %s after a failed placement", sb.ID, done[i].name)
+			}
+		}
+	}()
+	for _, s := range steps {
+		if err := s.do(ctx); err != nil {
+			if _, refused := err.(*RefusedError); refused {
+				return nil, err
+			}
+			return nil, fmt.Errorf("sandbox %s: %s: %w", sb.ID, s.name, err)
+		}
+		done = append(done, s)
+	}
+	return a, nil
+}
