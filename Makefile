@@ -1,11 +1,18 @@
 # Bulkhead — `make help` lists every target.
 SHELL := /usr/bin/env bash
+# The Go toolchain Bulkhead builds with: a patched go1.26 (go1.26.10 fixes
+# the net/http and crypto/x509 advisories govulncheck reports against
+# go1.26.8, docs/security.md). The go command fetches it from the module
+# proxy on first use; GOTOOLCHAIN=local (or another value) in the
+# environment overrides it.
+GOTOOLCHAIN ?= go1.26.10
+export GOTOOLCHAIN
 # Under `sudo make ...` builds and tools run as the invoking user (SUDO_USER),
 # with their own go and into their own caches; only the node runs as root.
 # Their go is found through their login shell, then in the usual places.
 ifneq ($(and $(SUDO_USER),$(filter-out root,$(SUDO_USER))),)
 USER_HOME := $(shell getent passwd $(SUDO_USER) | cut -d: -f6)
-AS_USER := sudo -u $(SUDO_USER) -H
+AS_USER := sudo -u $(SUDO_USER) -H env GOTOOLCHAIN=$(GOTOOLCHAIN)
 ifeq ($(origin GO),undefined)
 GO := $(or $(shell $(AS_USER) bash -lic 'command -v go' 2>/dev/null </dev/null | tail -n 1),$(firstword $(wildcard /usr/local/go/bin/go $(USER_HOME)/go/bin/go $(USER_HOME)/.local/go/bin/go $(USER_HOME)/sdk/go*/bin/go /usr/lib/go/bin/go)),go)
 endif
