@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -49,22 +51,25 @@ func readBundle(path string, vc *bundle.VerificationConfig, lim bundleLimits) (*
 	if err != nil {
 		return nil, "", err
 	}
-	var loader bundle.DirectoryLoader
+	var raw []byte
 	if info.IsDir() {
 		if err := checkDirectory(path, lim); err != nil {
 			return nil, "", err
 		}
-		loader = bundle.NewDirectoryLoader(path)
 	} else {
 		// Read once and check what was read: the file may change on disk
 		// between a check and a second read.
-		raw, err := readAtMost(path, lim.bytes)
-		if err != nil {
+		if raw, err = readAtMost(path, lim.bytes); err != nil {
 			return nil, "", err
 		}
 		if err := checkTarball(raw, lim); err != nil {
 			return nil, "", err
 		}
+	}
+	var loader bundle.DirectoryLoader
+	if raw == nil {
+		loader = bundle.NewDirectoryLoader(path)
+	} else {
 		loader = bundle.NewTarballLoaderWithBaseURL(bytes.NewReader(raw), path)
 	}
 	reader := bundle.NewCustomReader(loader.WithSizeLimitBytes(lim.bytes)).
@@ -78,6 +83,12 @@ func readBundle(path string, vc *bundle.VerificationConfig, lim bundleLimits) (*
 	}
 	b, err := reader.Read()
 	if err != nil {
+		if vc != nil && strings.Contains(err.Error(), "scope mismatch") {
+			// OPA checks the scope after the signature itself verified, so
+			// the scope the signature carries is authentic: say it.
+			found := signedScope(signaturesFile(path, raw))
+			return nil, "", fmt.Errorf("%w: this node enforces scope %q, the bundle's signature carries %s (opa build --claims-file with {\"scope\": %q})", err, vc.Scope, found, vc.Scope)
+		}
 		return nil, "", err
 	}
 	if vc != nil && b.Signatures.Signatures == nil {
@@ -260,4 +271,57 @@ func VerifyBundle(path, key, keyID, scope string) (string, error) {
 		return "", fmt.Errorf("policy: bundle %s refused: %w", path, err)
 	}
 	return rev, nil
+}
+
+// signaturesFile reads the bundle's .signatures.json: from the directory
+// path, or from the tarball raw when it is not nil. Nil when there is none.
+func signaturesFile(path string, raw []byte) []byte {
+	if raw == nil {
+		b, _ := os.ReadFile(filepath.Join(path, ".signatures.json"))
+		return b
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return nil
+	}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			return nil
+		}
+		if strings.TrimPrefix(h.Name, "/") == ".signatures.json" {
+			b, _ := io.ReadAll(io.LimitReader(tr, 1<<20))
+			return b
+		}
+	}
+}
+
+// signedScope is the scope claim of the first signature in a
+// .signatures.json, quoted, or says there is none. It reads the claim
+// without checking the signature: call it only for a signature already
+// verified.
+func signedScope(file []byte) string {
+	var sigs bundle.SignaturesConfig
+	if json.Unmarshal(file, &sigs) != nil || len(sigs.Signatures) == 0 {
+		return "no signature"
+	}
+	parts := strings.Split(sigs.Signatures[0], ".")
+	if len(parts) != 3 {
+		return "an unreadable signature"
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return "an unreadable signature"
+	}
+	var claims struct {
+		Scope string `json:"scope"`
+	}
+	if json.Unmarshal(payload, &claims) != nil {
+		return "an unreadable signature"
+	}
+	if claims.Scope == "" {
+		return "no scope"
+	}
+	return strconv.Quote(claims.Scope)
 }

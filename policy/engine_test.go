@@ -343,7 +343,7 @@ func TestSignedBundles(t *testing.T) {
 		{name: "signed", build: func(out string) { buildBundle(t, rego, out, &ops, "ops", "cluster-a") }},
 		{name: "key given as PEM text", build: func(out string) { buildBundle(t, rego, out, &ops, "ops", "cluster-a") }, keys: map[string]string{"ops": ops.pubPEM}},
 		{name: "unsigned", build: func(out string) { buildBundle(t, rego, out, nil, "", "") }, want: "missing .signatures.json"},
-		{name: "other scope", build: func(out string) { buildBundle(t, rego, out, &ops, "ops", "cluster-b") }, want: "scope mismatch"},
+		{name: "other scope", build: func(out string) { buildBundle(t, rego, out, &ops, "ops", "cluster-b") }, want: `scope mismatch: this node enforces scope "cluster-a", the bundle's signature carries "cluster-b"`},
 		{name: "signed by another key under our id", build: func(out string) { buildBundle(t, rego, out, &rogue, "ops", "cluster-a") }, want: "failed to verify"},
 		{name: "signed by a key id we do not trust", build: func(out string) { buildBundle(t, rego, out, &rogue, "rogue", "cluster-a") }, want: "failed to verify"},
 		{name: "tampered data", build: func(out string) {
