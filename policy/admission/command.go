@@ -53,6 +53,8 @@ type Config struct {
 	QuotaGrace time.Duration
 	// MaxBodyBytes bounds an AdmissionReview body.
 	MaxBodyBytes int64
+	// MaxBufferedBytes bounds the request bodies held in memory at once.
+	MaxBufferedBytes int64
 	// MaxBundleBytes and MaxBundleFiles bound the policy bundle
 	// (policy.Options.MaxBundleBytes, MaxBundleFiles).
 	MaxBundleBytes int64
@@ -99,6 +101,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.StringVar(&c.QuotaNamespace, "quota-ledger-namespace", "bulkhead-system", "namespace of the tenants' quota ledgers (ConfigMaps updated with compare-and-swap, so that quotas hold across replicas); empty: count from the pod informer only (one replica)")
 	fs.DurationVar(&c.QuotaGrace, "quota-grace", DefaultQuotaGrace, "how long a quota reservation is kept for a pod that is not seen live (admitted but never created)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", DefaultMaxBodyBytes, "largest AdmissionReview body accepted")
+	fs.Int64Var(&c.MaxBufferedBytes, "max-buffered-bytes", DefaultMaxBufferedBytes, "request bodies held in memory at once; a request past it gets 503 at once")
 	fs.StringVar(&c.ClientCA, "client-ca", "", "CA certificates (PEM) that sign the API server's client certificate; when set, every caller must present one (empty: no client authentication)")
 	fs.Func("client-name", "with --client-ca, an identity (subject CN or DNS name) the client certificate must carry; repeatable (default: any the CA signed)", func(v string) error {
 		if v == "" {
@@ -133,6 +136,8 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 		return c, fmt.Errorf("--bundle-poll %v: must be positive", c.BundlePoll)
 	case c.MaxBodyBytes <= 0:
 		return c, fmt.Errorf("--max-body-bytes %d: must be positive", c.MaxBodyBytes)
+	case c.MaxBufferedBytes < c.MaxBodyBytes:
+		return c, fmt.Errorf("--max-buffered-bytes %d: must be at least --max-body-bytes (%d)", c.MaxBufferedBytes, c.MaxBodyBytes)
 	case c.MaxBundleBytes <= 0 || c.MaxBundleFiles <= 0:
 		return c, fmt.Errorf("--max-bundle-bytes %d, --max-bundle-files %d: must be positive", c.MaxBundleBytes, c.MaxBundleFiles)
 	case c.GCPercent <= 0:
@@ -234,7 +239,7 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 			}
 		}()
 	}
-	h, err := Handler(HandlerOptions{Reviewer: reviewer, MaxBodyBytes: c.MaxBodyBytes, Ready: ready, Metrics: metrics, Logger: logger})
+	h, err := Handler(HandlerOptions{Reviewer: reviewer, MaxBodyBytes: c.MaxBodyBytes, MaxBufferedBytes: c.MaxBufferedBytes, Ready: ready, Metrics: metrics, Logger: logger})
 	if err != nil {
 		return err
 	}

@@ -53,7 +53,7 @@ func NewMetrics() *Metrics {
 		}),
 		badRequest: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bulkhead_webhook_bad_requests_total",
-			Help: "Requests refused before review, by reason (method, content_type, too_large, read_timeout, malformed, cancelled, encode).",
+			Help: "Requests refused before review, by reason (method, content_type, too_large, read_timeout, buffer_full, malformed, cancelled, encode).",
 		}, []string{"reason"}),
 		revision: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "bulkhead_webhook_bundle_revision_info",

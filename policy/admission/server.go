@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -33,12 +34,28 @@ const (
 // request around them.
 const DefaultMaxBodyBytes = 4 << 20
 
+// DefaultMaxBufferedBytes bounds the request bodies held in memory at once,
+// read or being read: 16 bodies of the largest size. Bodies are read before
+// a review slot is taken, so without this bound many connections sending
+// large bodies would hold them all at once and could push the webhook past
+// its memory limit (and, failurePolicy being Fail, stop pod creation).
+const DefaultMaxBufferedBytes = 16 * DefaultMaxBodyBytes
+
+// bodyChunk is how much of a body is read before it is counted against
+// the buffered bytes: what one connection may hold uncounted.
+const bodyChunk = 16 << 10
+
 // HandlerOptions configure Handler.
 type HandlerOptions struct {
 	// Reviewer answers the reviews; required.
 	Reviewer *Reviewer
 	// MaxBodyBytes bounds a request body; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// MaxBufferedBytes bounds the bytes of all request bodies held at once;
+	// a request that would pass it is refused with 503 at once rather than
+	// wait (a small review needs little of it, so slow or large senders
+	// cannot starve it). 0 means DefaultMaxBufferedBytes.
+	MaxBufferedBytes int64
 	// Ready reports whether the webhook can answer (bundle loaded, caches
 	// synced); /readyz fails with its error. Nil means always ready.
 	Ready func() error
@@ -60,6 +77,15 @@ func Handler(opts HandlerOptions) (http.Handler, error) {
 	}
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.MaxBufferedBytes < 0 {
+		return nil, fmt.Errorf("admission: HandlerOptions.MaxBufferedBytes %d must not be negative", opts.MaxBufferedBytes)
+	}
+	if opts.MaxBufferedBytes == 0 {
+		opts.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if opts.MaxBufferedBytes < opts.MaxBodyBytes {
+		return nil, fmt.Errorf("admission: HandlerOptions.MaxBufferedBytes %d is below MaxBodyBytes %d: the largest body could never be read", opts.MaxBufferedBytes, opts.MaxBodyBytes)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -93,10 +119,51 @@ type validator struct {
 	// only interleaves them and stretches every one, while waiting here
 	// is first come, first served (a channel queues its senders in order).
 	slots chan struct{}
+	// buffered counts the bytes of request bodies held now, read or being
+	// read, against opts.MaxBufferedBytes.
+	buffered atomic.Int64
+}
+
+// errBufferFull refuses a body that would take the buffered bytes past
+// their bound.
+var errBufferFull = errors.New("request bodies held at once would exceed --max-buffered-bytes; retry")
+
+// readBody reads body into buf a chunk at a time and counts the memory the
+// buffer holds (its capacity, which grows only as bytes arrive) against the
+// buffered bytes; held says how much this request holds, and the caller
+// gives it back. A slow or idle sender holds no more than it delivered
+// (and the buffer's growth beyond it).
+func (v *validator) readBody(buf *bytes.Buffer, body io.Reader, held *int64) (int64, error) {
+	var n int64
+	for {
+		m, err := buf.ReadFrom(io.LimitReader(body, bodyChunk))
+		n += m
+		if grown := int64(buf.Cap()) - *held; grown > 0 {
+			if v.buffered.Add(grown) > v.opts.MaxBufferedBytes {
+				v.buffered.Add(-grown)
+				return n, errBufferFull
+			}
+			*held += grown
+		}
+		if err != nil || m < bodyChunk {
+			return n, err // err nil and a short chunk: the body ended
+		}
+	}
 }
 
 // bufPool recycles request and response buffers across reviews.
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// pooledBufferMax is the largest buffer put back in bufPool: a buffer that
+// held a body near the cap is left to the collector, so the pool never
+// keeps many megabytes alive between bursts.
+const pooledBufferMax = 256 << 10
+
+func putBuffer(b *bytes.Buffer) {
+	if b.Cap() <= pooledBufferMax {
+		bufPool.Put(b)
+	}
+}
 
 func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
@@ -120,9 +187,15 @@ func (v *validator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// one of the few slots every other review needs. The server's read
 	// deadlines (ServeOptions) bound how long it may take.
 	buf := bufPool.Get().(*bytes.Buffer)
-	defer bufPool.Put(buf)
+	defer putBuffer(buf)
 	buf.Reset()
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, v.opts.MaxBodyBytes+1))
+	var held int64
+	defer func() { v.buffered.Add(-held) }()
+	n, err := v.readBody(buf, io.LimitReader(r.Body, v.opts.MaxBodyBytes+1), &held)
+	if errors.Is(err, errBufferFull) {
+		v.fail(w, r, http.StatusServiceUnavailable, "buffer_full", err.Error())
+		return
+	}
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			v.fail(w, r, http.StatusRequestTimeout, "read_timeout", "reading body: "+err.Error())

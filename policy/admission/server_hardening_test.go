@@ -366,3 +366,74 @@ func TestParseFlagsHardening(t *testing.T) {
 		})
 	}
 }
+
+// TestBufferedBodiesAreBounded: bodies are read before a review slot is
+// taken, so the bytes of all bodies held at once are bounded; a request
+// past the bound is refused at once (503, counted as buffer_full) instead
+// of growing the webhook towards its memory limit, and every byte a
+// request held is given back.
+func TestBufferedBodiesAreBounded(t *testing.T) {
+	m := NewMetrics()
+	rev, err := NewReviewer(Options{Decider: staticDecider{decision: policy.Decision{Allow: true}}, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = 1 << 20
+	h, err := Handler(HandlerOptions{Reviewer: rev, Metrics: m, MaxBodyBytes: 256 << 10, MaxBufferedBytes: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v *validator
+	if err := findValidator(h, &v); err != nil {
+		t.Fatal(err)
+	}
+	addr, ca := serveWith(t, h, ServeOptions{})
+	body, _ := readReview(t, "pod-allowed.json")
+	client := newClient(ca, false)
+	client.Timeout = liveness
+	post := func() (int, string) {
+		t.Helper()
+		resp, err := client.Post("https://"+addr+PathValidate, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(got)
+	}
+	if code, got := post(); code != http.StatusOK {
+		t.Fatalf("review with the buffer free: %d %s", code, got)
+	}
+	if n := waitBuffered(v, 0); n != 0 {
+		t.Errorf("%d bytes still counted after the review finished", n)
+	}
+	// Other requests hold all but a few bytes of the bound.
+	v.buffered.Store(limit - int64(len(body))/2)
+	if code, got := post(); code != http.StatusServiceUnavailable || !strings.Contains(got, "max-buffered-bytes") {
+		t.Errorf("review past the bound: %d %s, want 503 naming --max-buffered-bytes", code, got)
+	}
+	if n := waitBuffered(v, limit-int64(len(body))/2); n != limit-int64(len(body))/2 {
+		t.Errorf("a refused request kept %d bytes counted", n-(limit-int64(len(body))/2))
+	}
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counted float64
+	for _, f := range families {
+		for _, metric := range f.GetMetric() {
+			for _, l := range metric.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == "buffer_full" {
+					counted += metric.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if counted != 1 {
+		t.Errorf("bad requests with reason buffer_full = %v, want 1", counted)
+	}
+	// The bound is refused below one body's size.
+	if _, err := Handler(HandlerOptions{Reviewer: rev, MaxBodyBytes: 2 << 20, MaxBufferedBytes: 1 << 20}); err == nil {
+		t.Error("MaxBufferedBytes below MaxBodyBytes accepted")
+	}
+}
