@@ -3,12 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"testing"
 	"time"
-
-	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
@@ -27,15 +24,11 @@ func podStartsOn(b *testing.B, n *node.Node, handler, ns string, count int) []ti
 	var times []time.Duration
 	for i := range count {
 		cfg := podConfig(n, fmt.Sprintf("bench-%d", i), ns, nil)
-		if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
-			b.Fatal(err)
-		}
 		start := time.Now()
-		resp, err := n.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
+		id, err := runPodOn(ctx, n, handler, cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
-		id := resp.PodSandboxId
 		if _, err := startContainer(ctx, n, id, cfg, "main", "exec sleep 3600"); err != nil {
 			b.Fatal(err)
 		}

@@ -4,11 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -20,54 +17,7 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
-	bhruntime "github.com/bulkhead-runtime/bulkhead/runtime"
-	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
-
-// startDualStackNode is startPipelineNode on a bridge with an IPv6 ULA
-// range beside the IPv4 one: every pod gets one address of each family, and
-// both ranges are cluster CIDRs of the fence.
-func startDualStackNode(t *testing.T) *pipelineNode {
-	t.Helper()
-	if err := node.Requirements(node.BinDirs()); err != nil {
-		t.Skipf("e2e: %v", err)
-	}
-	shim, err := node.FailpointShim()
-	if err != nil {
-		t.Skipf("e2e: %v", err)
-	}
-	_, file, _, _ := runtime.Caller(0)
-	bundle, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", "..", "rego"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "bh-e2e-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	seq := nodeSeq.Load() + 1
-	pn := &pipelineNode{
-		pinDir:   fmt.Sprintf("/sys/fs/bpf/bh-e2e-%d-%d", os.Getpid(), seq),
-		failFile: filepath.Join(dir, "fail-at"),
-		mockPath: filepath.Join(dir, "mock-gpus.json"),
-	}
-	if err := os.WriteFile(pn.failFile, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	subnet := fmt.Sprintf("10.%d.%d.0/24", 200+int(seq)%50, os.Getpid()%250)
-	subnet6 := fmt.Sprintf("fd%02x:%x:%x::/64", 0xb0+int(seq)%16, os.Getpid()%0xffff, seq)
-	extra, err := node.Pipeline{Bundle: bundle, TenantsJSON: e2eTenants, MockModel: "h200", MockGPUs: 1, PinDir: pn.pinDir,
-		Signed: true, BinDirs: node.BinDirs(), Subnet6: subnet6}.ShimConfig(dir, subnet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(pn.pinDir) })
-	pn.Node = startNode(t, node.Options{
-		Dir: dir, Subnet: subnet, Subnet6: subnet6, PipelineEnabled: true, ShimConfig: extra, Shim: shim,
-		Env: []string{bhruntime.FailAtEnv + "=@" + pn.failFile},
-	})
-	return pn
-}
 
 // dsPod is a running pod on the dual-stack node.
 type dsPod struct {
@@ -83,7 +33,7 @@ type dsPod struct {
 // router advertisement must not change another pod's routes, and an ARP
 // claim of another pod's address or MAC must not move its traffic.
 func TestDualStackFenceThroughCRI(t *testing.T) {
-	pn := startDualStackNode(t)
+	pn := startPipelineNodeWith(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 

@@ -81,10 +81,15 @@ func podConfig(n *node.Node, name, ns string, annotations map[string]string) *cr
 
 // runPod runs a sandbox with the bulkhead handler.
 func runPod(ctx context.Context, n *node.Node, cfg *cri.PodSandboxConfig) (string, error) {
+	return runPodOn(ctx, n, node.Handler, cfg)
+}
+
+// runPodOn runs a sandbox with the runtime handler handler.
+func runPodOn(ctx context.Context, n *node.Node, handler string, cfg *cri.PodSandboxConfig) (string, error) {
 	if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
 		return "", err
 	}
-	resp, err := n.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: node.Handler})
+	resp, err := n.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
 	if err != nil {
 		return "", err
 	}

@@ -37,7 +37,12 @@ const e2eTenants = `{"bulkhead": {"tenants": {
 
 func startPipelineNode(t *testing.T) *pipelineNode { return startPipelineNodeB(t) }
 
-func startPipelineNodeB(t testing.TB) *pipelineNode {
+func startPipelineNodeB(t testing.TB) *pipelineNode { return startPipelineNodeWith(t, false) }
+
+// startPipelineNodeWith starts the pipeline node; with dualStack its bridge
+// also has an IPv6 ULA range, so every pod gets one address of each family
+// and both ranges are cluster CIDRs of the fence.
+func startPipelineNodeWith(t testing.TB, dualStack bool) *pipelineNode {
 	t.Helper()
 	if err := node.Requirements(node.BinDirs()); err != nil {
 		t.Skipf("e2e: %v", err)
@@ -55,17 +60,22 @@ func startPipelineNodeB(t testing.TB) *pipelineNode {
 	if err != nil {
 		t.Fatal(err)
 	}
+	seq := nodeSeq.Load() + 1
 	pn := &pipelineNode{
-		pinDir:   fmt.Sprintf("/sys/fs/bpf/bh-e2e-%d-%d", os.Getpid(), nodeSeq.Load()+1),
+		pinDir:   fmt.Sprintf("/sys/fs/bpf/bh-e2e-%d-%d", os.Getpid(), seq),
 		failFile: filepath.Join(dir, "fail-at"),
 		mockPath: filepath.Join(dir, "mock-gpus.json"),
 	}
 	if err := os.WriteFile(pn.failFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	seq := nodeSeq.Load() + 1
 	subnet := fmt.Sprintf("10.%d.%d.0/24", 200+int(seq)%50, os.Getpid()%250)
-	extra, err := node.Pipeline{Bundle: bundle, TenantsJSON: e2eTenants, MockModel: "h200", MockGPUs: 1, PinDir: pn.pinDir, Signed: true, BinDirs: node.BinDirs()}.ShimConfig(dir, subnet)
+	var subnet6 string
+	if dualStack {
+		subnet6 = fmt.Sprintf("fd%02x:%x:%x::/64", 0xb0+int(seq)%16, os.Getpid()%0xffff, seq)
+	}
+	extra, err := node.Pipeline{Bundle: bundle, TenantsJSON: e2eTenants, MockModel: "h200", MockGPUs: 1, PinDir: pn.pinDir,
+		Signed: true, BinDirs: node.BinDirs(), Subnet6: subnet6}.ShimConfig(dir, subnet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +83,7 @@ func startPipelineNodeB(t testing.TB) *pipelineNode {
 	// could still open the fence) is gone.
 	t.Cleanup(func() { _ = os.RemoveAll(pn.pinDir) })
 	pn.Node = startNode(t, node.Options{
-		Dir: dir, Subnet: subnet, PipelineEnabled: true, ShimConfig: extra, Shim: shim,
+		Dir: dir, Subnet: subnet, Subnet6: subnet6, PipelineEnabled: true, ShimConfig: extra, Shim: shim,
 		Env: []string{bhruntime.FailAtEnv + "=@" + pn.failFile},
 	})
 	return pn

@@ -15,16 +15,11 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
-// runcTierMissing says what this machine lacks for the runc tier, or "".
+// runcTierMissing says what this machine lacks for the runc tier, or "":
+// the test node registers handler bulkhead-runc exactly when both exist.
 func runcTierMissing() string {
 	for _, bin := range []string{"containerd-shim-bulkhead-runc-v1", "runc"} {
-		found := false
-		for _, d := range node.BinDirs() {
-			if st, err := os.Stat(d + "/" + bin); err == nil && st.Mode()&0o111 != 0 {
-				found = true
-			}
-		}
-		if !found {
+		if _, err := node.LookPath(bin); err != nil {
 			return "needs " + bin + " (make build tools)"
 		}
 	}
@@ -44,16 +39,7 @@ func TestRuncTierPlacesMIGSlices(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	run := func(cfg *cri.PodSandboxConfig) (string, error) {
-		if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
-			return "", err
-		}
-		resp, err := pn.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: node.RuncHandler})
-		if err != nil {
-			return "", err
-		}
-		return resp.PodSandboxId, nil
-	}
+	run := func(cfg *cri.PodSandboxConfig) (string, error) { return runPodOn(ctx, pn.Node, node.RuncHandler, cfg) }
 
 	agent := podConfig(pn.Node, "agent-runc", "agents", nil)
 	if _, err := run(agent); err == nil || !strings.Contains(err.Error(), "runtime.runc_forbidden") {
@@ -139,10 +125,7 @@ func TestRuncShimKilledThenGC(t *testing.T) {
 	defer cancel()
 
 	cfg := podConfig(pn.Node, "victim", "platform", map[string]string{"bulkhead.dev/gpu-profile": "2g.35gb"})
-	if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := pn.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: node.RuncHandler})
+	id, err := runPodOn(ctx, pn.Node, node.RuncHandler, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +139,8 @@ func TestRuncShimKilledThenGC(t *testing.T) {
 	// What the kubelet does with a sandbox whose shim died.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		_, serr := pn.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: resp.PodSandboxId})
-		_, rerr := pn.Runtime.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: resp.PodSandboxId})
+		_, serr := pn.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id})
+		_, rerr := pn.Runtime.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: id})
 		if serr == nil && rerr == nil {
 			break
 		}
@@ -171,7 +154,7 @@ func TestRuncShimKilledThenGC(t *testing.T) {
 		t.Fatalf("bulkhead node gc: %v\n%s", err, out)
 	}
 	t.Logf("bulkhead node gc: %s", out)
-	if out, err := exec.CommandContext(ctx, cli, "node", "gc", "--config", pn.ShimConf).CombinedOutput(); err != nil || strings.Contains(string(out), resp.PodSandboxId) {
+	if out, err := exec.CommandContext(ctx, cli, "node", "gc", "--config", pn.ShimConf).CombinedOutput(); err != nil || strings.Contains(string(out), id) {
 		t.Errorf("second gc: %v\n%s", err, out)
 	}
 	if insts := pn.migInstances(t); len(insts) != 0 {

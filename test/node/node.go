@@ -104,6 +104,9 @@ func Requirements(binDirs []string) error {
 	return nil
 }
 
+// LookPath finds bin the way a node does: in BinDirs, then on PATH.
+func LookPath(bin string) (string, error) { return lookPath(bin, BinDirs()) }
+
 func lookPath(bin string, dirs []string) (string, error) {
 	for _, d := range dirs {
 		p := filepath.Join(d, bin)
