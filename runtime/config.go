@@ -203,13 +203,40 @@ func ConfigPath() string {
 	return DefaultConfigPath
 }
 
-// LoadConfig reads and validates the configuration file at path.
+// ConfigUse is what a command does with the configuration. Validation
+// checks the keys that use reads and no others, so that a read-only look at
+// a node does not demand, say, the key of a policy it never loads. Unknown
+// keys are refused whatever the use.
+type ConfigUse int
+
+const (
+	// UseShim is the shim's use: every key is checked.
+	UseShim ConfigUse = iota
+	// UseNodeState is `bulkhead node status` and `bulkhead node gc`: the
+	// node's paths, mig.* and netpol.* are checked; runsc.*, rdma.* and
+	// policy.* are not (neither command runs runsc or loads the policy;
+	// status reads the quotas it shows from policy.data or policy.bundle
+	// when they are readable, and shows none otherwise).
+	UseNodeState
+)
+
+// LoadConfig reads the configuration file at path and validates it for the
+// shim (every key).
 func LoadConfig(path string) (Config, error) {
+	return LoadConfigFor(path, UseShim)
+}
+
+// LoadConfigFor reads the configuration file at path and validates the keys
+// that use reads.
+func LoadConfigFor(path string, use ConfigUse) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}
-	cfg, err := ParseConfig(data)
+	cfg, err := decodeConfig(data)
+	if err == nil {
+		err = cfg.ValidateFor(use)
+	}
 	if err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -217,8 +244,20 @@ func LoadConfig(path string) (Config, error) {
 }
 
 // ParseConfig decodes a configuration document strictly (unknown keys are
-// refused) over DefaultConfig and validates it.
+// refused) over DefaultConfig and validates it for the shim.
 func ParseConfig(data []byte) (Config, error) {
+	cfg, err := decodeConfig(data)
+	if err != nil {
+		return Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// decodeConfig decodes a configuration document strictly over DefaultConfig.
+func decodeConfig(data []byte) (Config, error) {
 	cfg := DefaultConfig()
 	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
 	if err := dec.Decode(&cfg); err != nil {
@@ -237,9 +276,6 @@ func ParseConfig(data []byte) (Config, error) {
 		}
 		return Config{}, err
 	}
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
-	}
 	return cfg, nil
 }
 
@@ -252,6 +288,12 @@ var (
 
 // Validate checks every field and names the first bad one.
 func (c Config) Validate() error {
+	return c.ValidateFor(UseShim)
+}
+
+// ValidateFor checks the fields that use reads (see ConfigUse) and names
+// the first bad one.
+func (c Config) ValidateFor(use ConfigUse) error {
 	for _, p := range []struct{ key, val string }{
 		{"runsc_path", c.RunscPath}, {"runc_path", c.RuncPath}, {"runc_root", c.RuncRoot}, {"runsc_root", c.RunscRoot}, {"state_dir", c.StateDir}, {"ledger_path", c.LedgerPath},
 		{"kubelet_root", c.KubeletRoot}, {"containerd_root", c.ContainerdRoot}, {"containerd_state", c.ContainerdState},
@@ -266,14 +308,10 @@ func (c Config) Validate() error {
 	if c.LogDir != "" && !filepath.IsAbs(c.LogDir) {
 		return fmt.Errorf("log_dir: %q must be an absolute path", c.LogDir)
 	}
-	if !slices.Contains(validPlatforms, c.Runsc.Platform) {
-		return fmt.Errorf("runsc.platform: %q is not one of %s", c.Runsc.Platform, strings.Join(validPlatforms, ", "))
-	}
-	if !slices.Contains(validNetworks, c.Runsc.Network) {
-		return fmt.Errorf("runsc.network: %q is not one of %s", c.Runsc.Network, strings.Join(validNetworks, ", "))
-	}
-	if _, err := c.Runsc.flagMap(); err != nil {
-		return err
+	if use == UseShim {
+		if err := c.validateShimOnly(); err != nil {
+			return err
+		}
 	}
 	switch c.MIG.Backend {
 	case "none", "nvml":
@@ -287,18 +325,33 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("mig.backend: %q is not one of none, mock, nvml", c.MIG.Backend)
 	}
+	if _, err := c.Netpol.cluster(); err != nil {
+		return err
+	}
+	if c.Netpol.Enabled && (c.Netpol.PinDir == "" || !filepath.IsAbs(c.Netpol.PinDir)) {
+		return fmt.Errorf("netpol.pin_dir: %q must be an absolute path on bpffs", c.Netpol.PinDir)
+	}
+	return nil
+}
+
+// validateShimOnly checks what only the shim reads: runsc's flags, the
+// tenants' RDMA devices and the policy.
+func (c Config) validateShimOnly() error {
+	if !slices.Contains(validPlatforms, c.Runsc.Platform) {
+		return fmt.Errorf("runsc.platform: %q is not one of %s", c.Runsc.Platform, strings.Join(validPlatforms, ", "))
+	}
+	if !slices.Contains(validNetworks, c.Runsc.Network) {
+		return fmt.Errorf("runsc.network: %q is not one of %s", c.Runsc.Network, strings.Join(validNetworks, ", "))
+	}
+	if _, err := c.Runsc.flagMap(); err != nil {
+		return err
+	}
 	for tenant, devs := range c.RDMA.TenantVFs {
 		for i, d := range devs {
 			if !strings.HasPrefix(d, "/dev/infiniband/") {
 				return fmt.Errorf("rdma.tenant_vfs.%s[%d]: %q must be under /dev/infiniband", tenant, i, d)
 			}
 		}
-	}
-	if _, err := c.Netpol.cluster(); err != nil {
-		return err
-	}
-	if c.Netpol.Enabled && (c.Netpol.PinDir == "" || !filepath.IsAbs(c.Netpol.PinDir)) {
-		return fmt.Errorf("netpol.pin_dir: %q must be an absolute path on bpffs", c.Netpol.PinDir)
 	}
 	if c.Pipeline.Enabled && c.Policy.Bundle == "" {
 		return errors.New("policy.bundle: must be set while pipeline.enabled is true (the pipeline fails closed without a policy)")

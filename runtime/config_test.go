@@ -184,3 +184,52 @@ func TestFenceIsOnUnlessTurnedOff(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateForUse: a command that only reads the node's state validates
+// what it reads. The policy, runsc and RDMA keys it never uses cannot stop
+// it; the keys it does read, and unknown keys, still do.
+func TestValidateForUse(t *testing.T) {
+	tests := []struct {
+		name     string
+		doc      string
+		shimErr  string // substring; empty means valid for the shim
+		stateErr string // substring; empty means valid for UseNodeState
+	}{
+		{name: "bundle without key", doc: "[policy]\nbundle = \"/b\"\n", shimErr: "policy.key_file and policy.key_id"},
+		{name: "pipeline without policy", doc: "", shimErr: "policy.bundle: must be set"},
+		{name: "bad evaluator", doc: "[policy]\nbundle = \"/b\"\ninsecure_skip_verification = true\nevaluator = \"wasm\"\n", shimErr: "policy.evaluator"},
+		{name: "bad platform", doc: "[pipeline]\nenabled = false\n[runsc]\nplatform = \"xen\"\n", shimErr: "runsc.platform"},
+		{name: "rdma vf outside /dev/infiniband", doc: "[pipeline]\nenabled = false\n[rdma.tenant_vfs]\nr = [\"/dev/sda\"]\n", shimErr: "rdma.tenant_vfs.r[0]"},
+		{name: "relative ledger", doc: "ledger_path = \"l.db\"\n[pipeline]\nenabled = false\n", shimErr: "ledger_path", stateErr: "ledger_path"},
+		{name: "bad mig backend", doc: "[pipeline]\nenabled = false\n[mig]\nbackend = \"cuda\"\n", shimErr: "mig.backend", stateErr: "mig.backend"},
+		{name: "relative pin dir", doc: "[pipeline]\nenabled = false\n[netpol]\npin_dir = \"pins\"\n", shimErr: "netpol.pin_dir", stateErr: "netpol.pin_dir"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.toml")
+			if err := os.WriteFile(path, []byte(tt.doc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for _, u := range []struct {
+				use  ConfigUse
+				want string
+			}{{UseShim, tt.shimErr}, {UseNodeState, tt.stateErr}} {
+				_, err := LoadConfigFor(path, u.use)
+				switch {
+				case u.want == "" && err != nil:
+					t.Errorf("use %d: %v, want valid", u.use, err)
+				case u.want != "" && (err == nil || !strings.Contains(err.Error(), u.want)):
+					t.Errorf("use %d: error %v, want it to contain %q", u.use, err, u.want)
+				}
+			}
+		})
+	}
+	// Unknown keys are refused whatever the use.
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte("[policy]\nkey_fil = \"/k\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadConfigFor(path, UseNodeState); err == nil || !strings.Contains(err.Error(), "unknown key(s) policy.key_fil") {
+		t.Errorf("unknown key for UseNodeState: %v", err)
+	}
+}

@@ -129,6 +129,43 @@ func TestNodeStatusReadOnly(t *testing.T) {
 	}
 }
 
+// TestNodeStatusNeedsNoPolicyKey: status never loads the policy, so a
+// configuration whose bundle has no key_file (or whose runsc section the
+// shim would refuse) does not stop it; a key status does read still does.
+func TestNodeStatusNeedsNoPolicyKey(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		extra string
+		code  int
+		want  string
+	}{
+		{"bundle without key_file", "[policy]\nbundle = \"/etc/bulkhead/bundle.tar.gz\"\n", 0, "LEDGER: none at"},
+		{"pipeline on, no bundle", "[pipeline]\nenabled = true\n", 0, "LEDGER: none at"},
+		{"runsc platform the shim refuses", "[runsc]\nplatform = \"xen\"\n", 0, "LEDGER: none at"},
+		{"bad mig backend", "[mig]\nbackend = \"cuda\"\n", 1, `--config: config`},
+		{"unknown key", "[policy]\nkey_fil = \"/k\"\n", 1, "unknown key(s) policy.key_fil"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			node := filepath.Join(dir, "node")
+			cfg := filepath.Join(dir, "bulkhead.toml")
+			doc := fmt.Sprintf("state_dir = %q\nledger_path = %q\n%s[netpol]\nenabled = false\n",
+				filepath.Join(node, "state"), filepath.Join(node, "ledger.db"), tc.extra)
+			if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr bytes.Buffer
+			code := nodeMain([]string{"status", "--config", cfg}, &stdout, &stderr)
+			if code != tc.code || !strings.Contains(stdout.String()+stderr.String(), tc.want) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d and %q", code, stdout.String(), stderr.String(), tc.code, tc.want)
+			}
+			if _, err := os.Stat(node); !os.IsNotExist(err) {
+				t.Fatalf("status created %s (%v)", node, err)
+			}
+		})
+	}
+}
+
 func TestPrintStatusTables(t *testing.T) {
 	st := &NodeStatus{
 		Fence:   "enabled",
