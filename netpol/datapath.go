@@ -96,6 +96,8 @@ const (
 	mapEndpoints = "endpoints"
 	mapTenantV4  = "tenant_v4"
 	mapTenantV6  = "tenant_v6"
+	mapOwnerV4   = "owner_v4"
+	mapOwnerV6   = "owner_v6"
 	mapServiceV4 = "service_v4"
 	mapServiceV6 = "service_v6"
 	mapEgressV4  = "egress_v4"
@@ -200,6 +202,13 @@ func mapSpecs(pin bool) map[string]*ebpf.MapSpec {
 			Flags: flagNoPrealloc, Pinning: pinning},
 		lpm(mapTenantV4, 8, 12),
 		lpm(mapTenantV6, 20, 12),
+		// Single addresses (every pod's, link-local ones included) are
+		// looked up by exact match: at 100k pods a hash lookup costs a
+		// fraction of a trie walk. Each pod has up to two IPv6 addresses.
+		{Name: mapOwnerV4, Type: ebpf.Hash, KeySize: 4, ValueSize: 12, MaxEntries: maxEndpoints,
+			Flags: flagNoPrealloc, Pinning: pinning},
+		{Name: mapOwnerV6, Type: ebpf.Hash, KeySize: 16, ValueSize: 12, MaxEntries: 2 * maxEndpoints,
+			Flags: flagNoPrealloc, Pinning: pinning},
 		lpm(mapServiceV4, 12, 1),
 		lpm(mapServiceV6, 24, 1),
 		lpm(mapEgressV4, 12, 1),
@@ -430,6 +439,15 @@ func (p *prog) lookup(mapName string, key int16) {
 	)
 }
 
+// lookupOwner finds who owns the address in the LPM key at stack offset key:
+// a pod's address by exact match in hash (jumping to tenant_match with R0 at
+// its owner), otherwise R0 is the trie's longest match, or 0.
+func (p *prog) lookupOwner(hash, trie string, key int16) {
+	p.lookup(hash, key+4)
+	p.emit(asm.JNE.Imm(asm.R0, 0, "tenant_match"))
+	p.lookup(trie, key)
+}
+
 // copyWords copies n 32-bit words from src+srcOff to dst+dstOff through R1.
 func (p *prog) copyWords(dst asm.Register, dstOff int16, src asm.Register, srcOff int16, n int) {
 	for i := range int16(n) {
@@ -537,7 +555,7 @@ func (p *prog) arp(dir Direction) {
 			asm.StoreImm(asm.RFP, stKeyV4, 32, asm.Word),
 			asm.StoreMem(asm.RFP, stKeyV4+4, asm.R8, asm.Word),
 		)
-		p.lookup(mapTenantV4, stKeyV4)
+		p.lookupOwner(mapOwnerV4, mapTenantV4, stKeyV4)
 		p.emit(
 			asm.JNE.Imm(asm.R0, 0, "tenant_match"),
 			asm.Ja.Label("pass"),
@@ -621,26 +639,22 @@ func (p *prog) ipv4(dir Direction) {
 		asm.StoreImm(asm.RFP, stKeyV4, 32, asm.Word),
 		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R8, asm.Word),
 	)
-	p.lookup(mapTenantV4, stKeyV4)
+	p.lookupOwner(mapOwnerV4, mapTenantV4, stKeyV4)
 	p.emit(
 		asm.JNE.Imm(asm.R0, 0, "tenant_match"),
 		asm.JNE.Imm(asm.R9, 0, p.dropLabel(ReasonRDMA)),
-		// Shared services of the pod's tier.
-		asm.StoreImm(asm.RFP, stKeyV4, 64, asm.Word),
-		asm.LoadMem(asm.R1, asm.R7, epTier, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R1, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV4+8, asm.R8, asm.Word),
 	)
-	p.lookup(mapServiceV4, stKeyV4)
-	p.emit(
-		asm.JNE.Imm(asm.R0, 0, "pass"),
-		// In-cluster but unowned.
-		asm.StoreImm(asm.RFP, stKeyV4, 32, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R8, asm.Word),
-	)
+	// Owned by no tenant. The cluster trie's key is the tenant trie's, still
+	// on the stack. The tier's shared services are looked up only where
+	// they decide the verdict: inside the cluster (pass, else cluster) and
+	// outside it for a pod whose allow-list lacks the peer (pass, else
+	// egress); elsewhere the packet passes either way.
 	p.lookup(mapClusterV4, stKeyV4)
-	p.emit(asm.JNE.Imm(asm.R0, 0, p.dropLabel(ReasonCluster)))
+	p.emit(asm.JEq.Imm(asm.R0, 0, "v4_outside"))
+	p.serviceV4()
+	p.emit(asm.Ja.Label(p.dropLabel(ReasonCluster)))
 	// Outside the cluster: only allow-listed CIDRs, for tiers that say so.
+	p.at("v4_outside")
 	p.flagClear(flagEgressRestricted, "pass")
 	p.emit(
 		asm.StoreImm(asm.RFP, stKeyV4, 64, asm.Word),
@@ -649,10 +663,22 @@ func (p *prog) ipv4(dir Direction) {
 		asm.StoreMem(asm.RFP, stKeyV4+8, asm.R8, asm.Word),
 	)
 	p.lookup(mapEgressV4, stKeyV4)
+	p.emit(asm.JNE.Imm(asm.R0, 0, "pass"))
+	p.serviceV4()
+	p.emit(asm.Ja.Label(p.dropLabel(ReasonEgress)))
+}
+
+// serviceV4 passes the packet when the IPv4 peer in R8 is a shared service
+// of the pod's tier.
+func (p *prog) serviceV4() {
 	p.emit(
-		asm.JNE.Imm(asm.R0, 0, "pass"),
-		asm.Ja.Label(p.dropLabel(ReasonEgress)),
+		asm.StoreImm(asm.RFP, stKeyV4, 64, asm.Word),
+		asm.LoadMem(asm.R1, asm.R7, epTier, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R1, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+8, asm.R8, asm.Word),
 	)
+	p.lookup(mapServiceV4, stKeyV4)
+	p.emit(asm.JNE.Imm(asm.R0, 0, "pass"))
 }
 
 func (p *prog) ipv6(dir Direction) {
@@ -779,23 +805,17 @@ func (p *prog) ipv6(dir Direction) {
 
 	p.emit(asm.StoreImm(asm.RFP, stKeyV6, 128, asm.Word))
 	p.copyWords(asm.RFP, stKeyV6+4, asm.RFP, stPeerV6, 4)
-	p.lookup(mapTenantV6, stKeyV6)
+	p.lookupOwner(mapOwnerV6, mapTenantV6, stKeyV6)
 	p.emit(
 		asm.JNE.Imm(asm.R0, 0, "tenant_match"),
 		asm.JNE.Imm(asm.R9, 0, p.dropLabel(ReasonRDMA)),
-		asm.StoreImm(asm.RFP, stKeyV6, 32+128, asm.Word),
-		asm.LoadMem(asm.R1, asm.R7, epTier, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV6+4, asm.R1, asm.Word),
 	)
-	p.copyWords(asm.RFP, stKeyV6+8, asm.RFP, stPeerV6, 4)
-	p.lookup(mapServiceV6, stKeyV6)
-	p.emit(
-		asm.JNE.Imm(asm.R0, 0, "pass"),
-		asm.StoreImm(asm.RFP, stKeyV6, 128, asm.Word),
-	)
-	p.copyWords(asm.RFP, stKeyV6+4, asm.RFP, stPeerV6, 4)
+	// As for IPv4: cluster (same key), services only where they decide.
 	p.lookup(mapClusterV6, stKeyV6)
-	p.emit(asm.JNE.Imm(asm.R0, 0, p.dropLabel(ReasonCluster)))
+	p.emit(asm.JEq.Imm(asm.R0, 0, "v6_outside"))
+	p.serviceV6()
+	p.emit(asm.Ja.Label(p.dropLabel(ReasonCluster)))
+	p.at("v6_outside")
 	p.flagClear(flagEgressRestricted, "pass")
 	p.emit(
 		asm.StoreImm(asm.RFP, stKeyV6, 32+128, asm.Word),
@@ -804,10 +824,22 @@ func (p *prog) ipv6(dir Direction) {
 	)
 	p.copyWords(asm.RFP, stKeyV6+8, asm.RFP, stPeerV6, 4)
 	p.lookup(mapEgressV6, stKeyV6)
+	p.emit(asm.JNE.Imm(asm.R0, 0, "pass"))
+	p.serviceV6()
+	p.emit(asm.Ja.Label(p.dropLabel(ReasonEgress)))
+}
+
+// serviceV6 passes the packet when the IPv6 peer saved at stPeerV6 is a
+// shared service of the pod's tier.
+func (p *prog) serviceV6() {
 	p.emit(
-		asm.JNE.Imm(asm.R0, 0, "pass"),
-		asm.Ja.Label(p.dropLabel(ReasonEgress)),
+		asm.StoreImm(asm.RFP, stKeyV6, 32+128, asm.Word),
+		asm.LoadMem(asm.R1, asm.R7, epTier, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV6+4, asm.R1, asm.Word),
 	)
+	p.copyWords(asm.RFP, stKeyV6+8, asm.RFP, stPeerV6, 4)
+	p.lookup(mapServiceV6, stKeyV6)
+	p.emit(asm.JNE.Imm(asm.R0, 0, "pass"))
 }
 
 // ndFromPod judges neighbour discovery the pod sends. A pod is a host: it
@@ -880,7 +912,7 @@ func (p *prog) ndToPod() {
 	p.at("nd_peer")
 	p.emit(asm.StoreImm(asm.RFP, stKeyV6, 128, asm.Word))
 	p.copyWords(asm.RFP, stKeyV6+4, asm.R2, ethHdrLen+8, 4)
-	p.lookup(mapTenantV6, stKeyV6)
+	p.lookupOwner(mapOwnerV6, mapTenantV6, stKeyV6)
 	p.emit(
 		asm.JNE.Imm(asm.R0, 0, "tenant_match"),
 		asm.Ja.Label("pass"),

@@ -40,6 +40,8 @@ const (
 	otherV6    = "fd00::5"
 	dnsV4      = "10.96.0.10"
 	dnsV6      = "fd00:96::a"
+	apiV4      = "192.0.2.10" // shared service outside the cluster CIDRs
+	apiV6      = "2001:db8:ff::10"
 	unownedV4  = "10.0.2.9" // in cluster, no tenant
 	unownedV6  = "fd00::99"
 	allowedV4  = "203.0.113.7"
@@ -77,7 +79,8 @@ func loadFixture(t testing.TB) *datapath {
 	if err := d.replaceCluster([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}); err != nil {
 		t.Fatal(err)
 	}
-	svc := []netip.Prefix{netip.MustParsePrefix(dnsV4 + "/32"), netip.MustParsePrefix(dnsV6 + "/128")}
+	svc := []netip.Prefix{netip.MustParsePrefix(dnsV4 + "/32"), netip.MustParsePrefix(dnsV6 + "/128"),
+		netip.MustParsePrefix(apiV4 + "/32"), netip.MustParsePrefix(apiV6 + "/128")}
 	if err := scopedReplace(d.serviceV4, d.serviceV6, tierStd, svc); err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +172,9 @@ func verdictCases() []verdictCase {
 		// Shared services, unowned cluster addresses, egress.
 		pass("dns v4 shared service", FromPod, restrict, ipv4(podV4, dnsV4, 17, udp(1, 53), v4opts{})),
 		pass("dns v6 shared service", ToPod, restrict, ipv6(dnsV6, podV6, 17, udp(53, 1))),
+		pass("shared service outside the cluster v4, restricted", FromPod, restrict, ipv4(podV4, apiV4, 6, tcp(1, 443), v4opts{})),
+		pass("shared service outside the cluster v6, restricted", ToPod, restrict, ipv6(apiV6, podV6, 6, tcp(443, 1))),
+		pass("shared service outside the cluster v4", FromPod, nil, ipv4(podV4, apiV4, 6, tcp(1, 443), v4opts{})),
 		drop("unowned cluster v4", FromPod, nil, ipv4(podV4, unownedV4, 6, tcp(1, 2), v4opts{}), ReasonCluster),
 		drop("unowned cluster v6", FromPod, nil, ipv6(podV6, unownedV6, 6, tcp(1, 2)), ReasonCluster),
 		pass("egress unrestricted", FromPod, nil, ipv4(podV4, outsideV4, 6, tcp(1, 443), v4opts{})),
@@ -404,6 +410,77 @@ func TestProgramsAssemble(t *testing.T) {
 			}
 			if n := len(spec.Instructions); n > 4096 {
 				t.Errorf("%d instructions: over the unprivileged limit", n)
+			}
+		})
+	}
+}
+
+// Single addresses live in the exact-match owner hashes, ranges in the
+// tenant tries; owners lists both, and deleteOwner also clears a single
+// address that a fence pinned before the hashes existed kept in a trie.
+func TestOwnerHashAndTrie(t *testing.T) {
+	d := loadFixture(t)
+	for _, tc := range []struct {
+		prefix string
+		hash   bool
+	}{
+		{"10.0.7.1/32", true},
+		{"10.7.0.0/16", false},
+		{"fd00::71/128", true},
+		{"fe80::71/128", true},
+		{"fd07::/64", false},
+	} {
+		t.Run(tc.prefix, func(t *testing.T) {
+			p := netip.MustParsePrefix(tc.prefix)
+			o := owner{Tenant: tenantB, Ifindex: 9}
+			if err := d.putOwner(p, o); err != nil {
+				t.Fatal(err)
+			}
+			var got owner
+			var err error
+			switch {
+			case p.Addr().Is4() && tc.hash:
+				err = d.ownerV4.Lookup(p.Addr().As4(), &got)
+			case tc.hash:
+				err = d.ownerV6.Lookup(p.Addr().As16(), &got)
+			case p.Addr().Is4():
+				err = d.tenantV4.Lookup(lpmKeyV4{uint32(p.Bits()), p.Addr().As4()}, &got)
+			default:
+				err = d.tenantV6.Lookup(lpmKeyV6{uint32(p.Bits()), p.Addr().As16()}, &got)
+			}
+			if err != nil || got != o {
+				t.Fatalf("stored %+v (err %v), want %+v in the hash=%v map", got, err, o, tc.hash)
+			}
+			all, err := d.owners()
+			if err != nil || all[p] != o {
+				t.Fatalf("owners()[%s] = %+v (err %v)", p, all[p], err)
+			}
+			if err := d.deleteOwner(p); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok, err := d.ownerOf(p); err != nil || ok {
+				t.Fatalf("still owned after delete (err %v)", err)
+			}
+			if !tc.hash {
+				return
+			}
+			// A pre-hash fence's entry: the address in the trie.
+			if p.Addr().Is4() {
+				err = d.tenantV4.Update(lpmKeyV4{32, p.Addr().As4()}, o, ebpf.UpdateAny)
+			} else {
+				err = d.tenantV6.Update(lpmKeyV6{128, p.Addr().As16()}, o, ebpf.UpdateAny)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if all, _ := d.owners(); all[p] != o {
+				t.Fatalf("owners() misses the trie's %s", p)
+			}
+			if err := d.deleteOwner(p); err != nil {
+				t.Fatal(err)
+			}
+			if all, _ := d.owners(); all[p] == o {
+				t.Fatalf("the trie's %s survived deleteOwner", p)
 			}
 		})
 	}

@@ -19,6 +19,7 @@ type datapath struct {
 	coll *ebpf.Collection
 
 	endpoints, tenantV4, tenantV6 *ebpf.Map
+	ownerV4, ownerV6              *ebpf.Map
 	serviceV4, serviceV6          *ebpf.Map
 	egressV4, egressV6            *ebpf.Map
 	clusterV4, clusterV6          *ebpf.Map
@@ -49,6 +50,8 @@ func loadDatapath(pinDir string) (*datapath, error) {
 		endpoints: coll.Maps[mapEndpoints],
 		tenantV4:  coll.Maps[mapTenantV4],
 		tenantV6:  coll.Maps[mapTenantV6],
+		ownerV4:   coll.Maps[mapOwnerV4],
+		ownerV6:   coll.Maps[mapOwnerV6],
 		serviceV4: coll.Maps[mapServiceV4],
 		serviceV6: coll.Maps[mapServiceV6],
 		egressV4:  coll.Maps[mapEgressV4],
@@ -175,13 +178,23 @@ func (d *datapath) program(dir Direction) *ebpf.Program {
 	return d.toPod
 }
 
-// putOwner records that tenant owns prefix.
+// putOwner records that tenant owns prefix. A single address (a pod's, or
+// a remote range of one address) goes in the exact-match owner hash, any
+// other prefix in the tenant trie; the programs look in the hash first, which
+// gives the same answer as one trie holding both (a host prefix is always
+// the longest match) at the cost of a hash lookup instead of a trie walk.
 func (d *datapath) putOwner(p netip.Prefix, o owner) error {
 	p = p.Masked()
-	if p.Addr().Is4() {
+	switch {
+	case p.Addr().Is4() && p.IsSingleIP():
+		return d.ownerV4.Update(p.Addr().As4(), o, ebpf.UpdateAny)
+	case p.Addr().Is4():
 		return d.tenantV4.Update(lpmKeyV4{uint32(p.Bits()), p.Addr().As4()}, o, ebpf.UpdateAny)
+	case p.IsSingleIP():
+		return d.ownerV6.Update(p.Addr().As16(), o, ebpf.UpdateAny)
+	default:
+		return d.tenantV6.Update(lpmKeyV6{uint32(p.Bits()), p.Addr().As16()}, o, ebpf.UpdateAny)
 	}
-	return d.tenantV6.Update(lpmKeyV6{uint32(p.Bits()), p.Addr().As16()}, o, ebpf.UpdateAny)
 }
 
 // ownerOf returns the exact entry for prefix, if any.
@@ -189,9 +202,14 @@ func (d *datapath) ownerOf(p netip.Prefix) (owner, bool, error) {
 	var o owner
 	var err error
 	p = p.Masked()
-	if p.Addr().Is4() {
+	switch {
+	case p.Addr().Is4() && p.IsSingleIP():
+		err = d.ownerV4.Lookup(p.Addr().As4(), &o)
+	case p.Addr().Is4():
 		err = d.tenantV4.Lookup(lpmKeyV4{uint32(p.Bits()), p.Addr().As4()}, &o)
-	} else {
+	case p.IsSingleIP():
+		err = d.ownerV6.Lookup(p.Addr().As16(), &o)
+	default:
 		err = d.tenantV6.Lookup(lpmKeyV6{uint32(p.Bits()), p.Addr().As16()}, &o)
 	}
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -200,15 +218,25 @@ func (d *datapath) ownerOf(p netip.Prefix) (owner, bool, error) {
 	return o, err == nil, err
 }
 
+// deleteOwner removes prefix from the owner hash or tenant trie. A single
+// address is removed from both: fences pinned before the owner hashes
+// existed kept pods' addresses in the tries (owners lists them, so the
+// orphan sweep clears them).
 func (d *datapath) deleteOwner(p netip.Prefix) error {
-	var err error
 	p = p.Masked()
+	var trie error
 	if p.Addr().Is4() {
-		err = d.tenantV4.Delete(lpmKeyV4{uint32(p.Bits()), p.Addr().As4()})
+		trie = ignoreNotExist(d.tenantV4.Delete(lpmKeyV4{uint32(p.Bits()), p.Addr().As4()}))
 	} else {
-		err = d.tenantV6.Delete(lpmKeyV6{uint32(p.Bits()), p.Addr().As16()})
+		trie = ignoreNotExist(d.tenantV6.Delete(lpmKeyV6{uint32(p.Bits()), p.Addr().As16()}))
 	}
-	return ignoreNotExist(err)
+	if trie != nil || !p.IsSingleIP() {
+		return trie
+	}
+	if p.Addr().Is4() {
+		return ignoreNotExist(d.ownerV4.Delete(p.Addr().As4()))
+	}
+	return ignoreNotExist(d.ownerV6.Delete(p.Addr().As16()))
 }
 
 // scoped maps pick the v4 or v6 trie of a scoped pair.
@@ -329,12 +357,16 @@ func (d *datapath) replaceCluster(want []netip.Prefix) error {
 	return nil
 }
 
-// owners lists the tenant tries.
+// owners lists the owner hashes and the tenant tries.
 func (d *datapath) owners() (map[netip.Prefix]owner, error) {
 	out := map[netip.Prefix]owner{}
-	var k4 lpmKeyV4
-	var k6 lpmKeyV6
-	var o owner
+	var (
+		k4  lpmKeyV4
+		k6  lpmKeyV6
+		a4  [4]byte
+		a16 [16]byte
+		o   owner
+	)
 	it := d.tenantV4.Iterate()
 	for it.Next(&k4, &o) {
 		out[netip.PrefixFrom(netip.AddrFrom4(k4.Addr), int(k4.Prefixlen))] = o
@@ -345,6 +377,20 @@ func (d *datapath) owners() (map[netip.Prefix]owner, error) {
 	it = d.tenantV6.Iterate()
 	for it.Next(&k6, &o) {
 		out[netip.PrefixFrom(netip.AddrFrom16(k6.Addr), int(k6.Prefixlen))] = o
+	}
+	if err := it.Err(); err != nil {
+		return nil, err
+	}
+	it = d.ownerV4.Iterate()
+	for it.Next(&a4, &o) {
+		out[netip.PrefixFrom(netip.AddrFrom4(a4), 32)] = o
+	}
+	if err := it.Err(); err != nil {
+		return nil, err
+	}
+	it = d.ownerV6.Iterate()
+	for it.Next(&a16, &o) {
+		out[netip.PrefixFrom(netip.AddrFrom16(a16), 128)] = o
 	}
 	return out, it.Err()
 }
