@@ -1,8 +1,11 @@
 // Package mig owns a node's GPU partitions: the hardware geometry of every
 // supported GPU model, the allocator that places MIG slices across a node's
-// GPUs, the backends that create and destroy GPU and compute instances
-// (NVML and a hardware-true mock), and the OCI/CDI device injection that
-// hands a slice to a container.
+// GPUs, and the types its backends share (GPUInfo, Instance, Backend).
+// The jobs around it live in subpackages that import it: nvmlbackend creates
+// and destroys GPU and compute instances through NVML, mocknode is a
+// hardware-true simulated node for that backend, inject hands a GPU or slice
+// to a container (OCI spec options and CDI specs), simulate replays
+// workloads through the allocator.
 //
 // Invariant: a placement is only ever produced if the hardware would accept
 // it. Every placement uses the start positions and sizes real NVML reports in

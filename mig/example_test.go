@@ -3,16 +3,20 @@ package mig_test
 import (
 	"fmt"
 
-	"github.com/bulkhead-runtime/bulkhead/mig"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/mig/inject"
+	"github.com/bulkhead-runtime/bulkhead/mig/mocknode"
+	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
 )
 
 // The shim's path for one pod: rebuild the allocator from the ledger, place
 // the slice, create it through the backend, inject it into the OCI spec.
 func Example() {
 	// A simulated 2 x H200 node; on a GPU node this is nvml.New().
-	node, _ := mig.NewMockNode("h200", 2, mig.MockOptions{})
-	backend, _ := mig.NewNVMLBackend(node.Interface(), mig.NVMLOptions{})
+	node, _ := mocknode.New("h200", 2, mocknode.Options{})
+	backend, _ := nvmlbackend.New(node.Interface(), nvmlbackend.Options{})
 	defer backend.Close()
 
 	// The ledger already holds one slice of another tenant.
@@ -27,13 +31,13 @@ func Example() {
 	fmt.Println("placed:", p)
 
 	inst, _ := backend.Create(p.GPU, p.Profile, p.Start)
-	minors := mig.MIGMinors{
+	minors := inject.MIGMinors{
 		fmt.Sprintf("gpu%d/gi%d/access", inst.ParentMinor, inst.GI):               21,
 		fmt.Sprintf("gpu%d/gi%d/ci%d/access", inst.ParentMinor, inst.GI, inst.CI): 22,
 	}
 	spec := &specs.Spec{}
-	majors := mig.Majors{Nvidia: 195, UVM: 234, Caps: 235}
-	if err := mig.ApplySpecOpts(spec, mig.WithMIGDevice(majors, minors, inst)); err != nil {
+	majors := inject.Majors{Nvidia: 195, UVM: 234, Caps: 235}
+	if err := inject.ApplySpecOpts(spec, inject.WithMIGDevice(majors, minors, inst)); err != nil {
 		fmt.Println(err)
 		return
 	}

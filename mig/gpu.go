@@ -113,6 +113,9 @@ func (o *Occupancy) Add(p *Profile, start int) { o.s.add(p, start) }
 // Remove frees p at start.
 func (o *Occupancy) Remove(p *Profile, start int) { o.s.remove(p, start) }
 
+// Room is how many more instances of p fit at once.
+func (o Occupancy) Room(p *Profile) int { return o.s.room(p) }
+
 // Compute is the compute slices in use.
 func (o Occupancy) Compute() int { return o.s.compute }
 

@@ -12,6 +12,10 @@ import (
 // MIG slice needs, so a workload would start and then find no usable GPU.
 var ErrMIGUnsupportedInSandbox = errors.New("MIG slices are not supported in this sandbox")
 
+// DevNvidiaCaps is the directory of MIG capability devices: a container
+// needs its slice's GI and CI capability nodes from here to use the slice.
+const DevNvidiaCaps = "/dev/nvidia-caps"
+
 // MIG fallbacks a policy may answer with (decision.gpu.mig_in_sandbox).
 const (
 	// FallbackRefuse refuses the pod.

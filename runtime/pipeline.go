@@ -18,6 +18,9 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/mig/inject"
+	"github.com/bulkhead-runtime/bulkhead/mig/mocknode"
+	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
@@ -148,20 +151,20 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 		}
 		c.Decider = eng
 	}
-	var nb *mig.NVMLBackend
+	var nb *nvmlbackend.Backend
 	switch cfg.MIG.Backend {
 	case "", "none":
 	case "mock":
-		node, err := mig.OpenMockNode(cfg.MIG.MockState, cfg.MIG.MockModel, cfg.MIG.MockGPUs, mig.MockOptions{})
+		node, err := mocknode.Open(cfg.MIG.MockState, cfg.MIG.MockModel, cfg.MIG.MockGPUs, mocknode.Options{})
 		if err != nil {
 			return c, fmt.Errorf("mig: %w", err)
 		}
-		if nb, err = mig.NewNVMLBackend(node.Interface(), mig.NVMLOptions{}); err != nil {
+		if nb, err = nvmlbackend.New(node.Interface(), nvmlbackend.Options{}); err != nil {
 			return c, fmt.Errorf("mig: %w", err)
 		}
 	case "nvml":
 		// Real NVML; MIG mode is read, never toggled.
-		if nb, err = mig.NewNVMLBackend(nvml.New(), mig.NVMLOptions{}); err != nil {
+		if nb, err = nvmlbackend.New(nvml.New(), nvmlbackend.Options{}); err != nil {
 			return c, fmt.Errorf("mig: nvml: %w", err)
 		}
 	default:
@@ -476,21 +479,21 @@ func (p *Pipeline) InjectGPU(res *Reservation, spec *specs.Spec) error {
 		spec.Annotations = map[string]string{}
 	}
 	spec.Annotations["bulkhead.dev/gpu-placement"] = res.GPU.String()
-	opts := []mig.SpecOpt{mig.WithVisibleDevices(visible)}
+	opts := []inject.SpecOpt{inject.WithVisibleDevices(visible)}
 	// Device nodes exist only where the NVIDIA driver is loaded; the mock
 	// backend has none, and the sandbox gets the placement and the UUID.
-	if majors, err := mig.ParseProcDevices(p.procDevices()); err == nil && majors.Nvidia != 0 {
+	if majors, err := inject.ParseProcDevices(p.procDevices()); err == nil && majors.Nvidia != 0 {
 		if res.Instance != nil {
-			minors, err := mig.ParseMIGMinors(mig.DefaultMIGMinorsPath)
+			minors, err := inject.ParseMIGMinors(inject.DefaultMIGMinorsPath)
 			if err != nil {
 				return fmt.Errorf("gpu %d: %w", res.GPU.GPU, err)
 			}
-			opts = append(opts, mig.WithMIGDevice(majors, minors, *res.Instance))
+			opts = append(opts, inject.WithMIGDevice(majors, minors, *res.Instance))
 		} else {
-			opts = append(opts, mig.WithEdits(mig.ControlEdits(majors).Merge(mig.WholeGPUEdits(majors, info))))
+			opts = append(opts, inject.WithEdits(inject.ControlEdits(majors).Merge(inject.WholeGPUEdits(majors, info))))
 		}
 	}
-	return mig.ApplySpecOpts(spec, opts...)
+	return inject.ApplySpecOpts(spec, opts...)
 }
 
 // procDevices is where the driver's character-device majors are listed.

@@ -9,6 +9,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/mig/mocknode"
+	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
 )
 
 // ErrNoLedger is returned by OpenLedgerReadOnly when the node has no ledger
@@ -36,7 +38,7 @@ func OpenLedgerReadOnly(path string) (*Ledger, error) {
 // mig section of cfg, without creating state: a mock node whose state file
 // does not exist yet has no GPUs to report (nil, nil).
 func GPUsReadOnly(cfg Config) ([]mig.GPU, error) {
-	var nb *mig.NVMLBackend
+	var nb *nvmlbackend.Backend
 	var err error
 	switch cfg.MIG.Backend {
 	case "", "none":
@@ -45,15 +47,15 @@ func GPUsReadOnly(cfg Config) ([]mig.GPU, error) {
 		if _, err := os.Stat(cfg.MIG.MockState); errors.Is(err, os.ErrNotExist) {
 			return nil, nil
 		}
-		node, err := mig.OpenMockNode(cfg.MIG.MockState, cfg.MIG.MockModel, cfg.MIG.MockGPUs, mig.MockOptions{})
+		node, err := mocknode.Open(cfg.MIG.MockState, cfg.MIG.MockModel, cfg.MIG.MockGPUs, mocknode.Options{})
 		if err != nil {
 			return nil, fmt.Errorf("mig.mock_state: %w", err)
 		}
-		if nb, err = mig.NewNVMLBackend(node.Interface(), mig.NVMLOptions{}); err != nil {
+		if nb, err = nvmlbackend.New(node.Interface(), nvmlbackend.Options{}); err != nil {
 			return nil, fmt.Errorf("mig: %w", err)
 		}
 	case "nvml":
-		if nb, err = mig.NewNVMLBackend(nvml.New(), mig.NVMLOptions{}); err != nil {
+		if nb, err = nvmlbackend.New(nvml.New(), nvmlbackend.Options{}); err != nil {
 			return nil, fmt.Errorf("mig: nvml: %w", err)
 		}
 	default:

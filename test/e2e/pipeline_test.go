@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/mig/mocknode"
+	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	bhruntime "github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/test/node"
@@ -118,11 +120,11 @@ func (pn *pipelineNode) fence(t *testing.T) *netpol.Manager {
 
 func (pn *pipelineNode) migInstances(t *testing.T) []mig.Instance {
 	t.Helper()
-	mn, err := mig.OpenMockNode(pn.mockPath, "h200", 1, mig.MockOptions{})
+	mn, err := mocknode.Open(pn.mockPath, "h200", 1, mocknode.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := mig.NewNVMLBackend(mn.Interface(), mig.NVMLOptions{})
+	b, err := nvmlbackend.New(mn.Interface(), nvmlbackend.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

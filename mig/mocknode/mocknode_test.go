@@ -1,4 +1,4 @@
-package mig
+package mocknode
 
 import (
 	"encoding/json"
@@ -12,11 +12,12 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
 )
 
-func mockDevice(t *testing.T, node *MockNode, i int) nvml.Device {
+func mockDevice(t *testing.T, node *Node, i int) nvml.Device {
 	t.Helper()
 	lib := node.Interface()
 	if ret := lib.Init(); ret != nvml.SUCCESS {
@@ -40,8 +41,11 @@ func profileInfo(t *testing.T, d nvml.Device, enum int) nvml.GpuInstanceProfileI
 
 // The wrapped mock reports hardware profile IDs and placement sizes.
 func TestMockReportsHardwareGeometry(t *testing.T) {
-	for _, model := range Models() {
-		node, err := NewMockNode(model, 1, MockOptions{})
+	// What real NVML reports, in the order of mig.GPUModel.Profiles (1g,
+	// 1g+me, 1g double memory, 2g, 3g, 4g, 7g).
+	hardware := []uint32{19, 20, 15, 14, 9, 5, 0}
+	for _, model := range mig.Models() {
+		node, err := New(model, 1, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,8 +53,8 @@ func TestMockReportsHardwareGeometry(t *testing.T) {
 		m := node.Model()
 		for i, p := range m.Profiles {
 			info := profileInfo(t, d, p.NVMLProfile)
-			if info.Id != hardwareProfileIDs[i] {
-				t.Errorf("%s %s: id %d, want %d", model, p.Name, info.Id, hardwareProfileIDs[i])
+			if info.Id != hardware[i] {
+				t.Errorf("%s %s: id %d, want %d", model, p.Name, info.Id, hardware[i])
 			}
 			pls, ret := d.GetGpuInstancePossiblePlacements(&info)
 			if ret != nvml.SUCCESS || len(pls) != len(p.Starts) {
@@ -89,7 +93,7 @@ func TestMockRefusesLikeHardware(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			node, _ := NewMockNode("h200", 1, MockOptions{})
+			node, _ := New("h200", 1, Options{})
 			d := mockDevice(t, node, 0)
 			for i, c := range tt.creates {
 				info := profileInfo(t, d, c.enum)
@@ -112,7 +116,7 @@ func TestMockRefusesLikeHardware(t *testing.T) {
 }
 
 func TestMockInstanceLifecycleRules(t *testing.T) {
-	node, _ := NewMockNode("a100-40gb", 1, MockOptions{})
+	node, _ := New("a100-40gb", 1, Options{})
 	d := mockDevice(t, node, 0)
 	info := profileInfo(t, d, nvml.GPU_INSTANCE_PROFILE_2_SLICE)
 	gi, ret := d.CreateGpuInstance(&info) // auto placement: first fit
@@ -169,102 +173,6 @@ func TestMockInstanceLifecycleRules(t *testing.T) {
 	}
 }
 
-func TestNVMLBackendOnMock(t *testing.T) {
-	for _, model := range Models() {
-		t.Run(model, func(t *testing.T) {
-			node, err := NewMockNode(model, 2, MockOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Close()
-			m := node.Model()
-			gpus, _ := b.GPUs()
-			if len(gpus) != 2 || gpus[1].Model != model || !gpus[1].MIGEnabled || gpus[1].Minor != 1 {
-				t.Fatalf("gpus %+v", gpus)
-			}
-			three, four, seven := m.Profiles[4].Name, m.Profiles[5].Name, m.Profiles[6].Name
-			a, err := b.Create(1, four, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c, err := b.Create(1, three, 4)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if a.GI == c.GI || a.UUID == "" || a.UUID == c.UUID || a.ParentMinor != 1 || a.Size != 4 || c.Start != 4 {
-				t.Fatalf("instances %+v %+v", a, c)
-			}
-			_, err = b.Create(1, seven, 0)
-			if !errors.Is(err, ErrInsufficientResources) || !errors.Is(err, nvml.ERROR_INSUFFICIENT_RESOURCES) {
-				t.Fatalf("overlap: %v", err)
-			}
-			insts, err := b.Instances()
-			if err != nil || len(insts) != 2 || insts[0] != a && insts[1] != a {
-				t.Fatalf("instances %+v, %v (created %+v %+v)", insts, err, a, c)
-			}
-			if err := b.Destroy(1, a.GI, a.CI); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.Destroy(1, a.GI, a.CI); err != nil {
-				t.Fatalf("second destroy: %v", err)
-			}
-			if insts, _ := b.Instances(); len(insts) != 1 || insts[0].UUID != c.UUID {
-				t.Fatalf("after destroy %+v", insts)
-			}
-			if _, err := b.Create(0, "9g.1gb", 0); err == nil || !strings.Contains(err.Error(), "not a "+model+" profile") {
-				t.Fatalf("bad profile: %v", err)
-			}
-			if _, err := b.Create(5, four, 0); err == nil || !strings.Contains(err.Error(), "gpu 5: not on this node") {
-				t.Fatalf("bad gpu: %v", err)
-			}
-		})
-	}
-}
-
-// go-nvml's own mock reports 3g placements of size 3: the backend refuses it
-// instead of placing slices the hardware would reject.
-func TestNVMLBackendRefusesStockMock(t *testing.T) {
-	srv := dgxh200.New()
-	for _, d := range srv.Devices {
-		d.(*server.Device).MigMode = nvml.DEVICE_MIG_ENABLE
-	}
-	_, err := NewNVMLBackend(srv, NVMLOptions{})
-	if !errors.Is(err, ErrGeometryMismatch) {
-		t.Fatalf("error %v, want ErrGeometryMismatch", err)
-	}
-}
-
-func TestNVMLBackendMIGModeIsNeverToggledImplicitly(t *testing.T) {
-	node, _ := NewMockNode("h100", 1, MockOptions{MIGDisabled: true})
-	b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if gpus, _ := b.GPUs(); gpus[0].MIGEnabled {
-		t.Fatal("MIG reported enabled")
-	}
-	if g := b.AllocatorGPUs(); len(g) != 1 || !g[0].NoMIG {
-		t.Fatalf("MIG-disabled GPU offered for slices: %+v", g)
-	}
-	if _, err := b.Create(0, "1g.10gb", 0); !errors.Is(err, ErrMIGDisabled) {
-		t.Fatalf("create: %v", err)
-	}
-	if mode, _, _ := mockDevice(t, node, 0).GetMigMode(); mode != nvml.DEVICE_MIG_DISABLE {
-		t.Fatal("backend toggled MIG mode")
-	}
-	b, err = NewNVMLBackend(node.Interface(), NVMLOptions{EnableMIG: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if gpus, _ := b.GPUs(); !gpus[0].MIGEnabled {
-		t.Fatal("EnableMIG did not enable MIG")
-	}
-}
-
 // Two handles on one state file (as two shim processes would hold) see each
 // other's instances, and concurrent creations never overlap.
 func TestMockNodeSharedState(t *testing.T) {
@@ -272,11 +180,11 @@ func TestMockNodeSharedState(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make(chan error, 16)
 	for w := 0; w < 2; w++ {
-		node, err := OpenMockNode(path, "h200", 1, MockOptions{})
+		node, err := Open(path, "h200", 1, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
+		b, err := nvmlbackend.New(node.Interface(), nvmlbackend.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,7 +204,7 @@ func TestMockNodeSharedState(t *testing.T) {
 		switch {
 		case err == nil:
 			ok++
-		case errors.Is(err, ErrInsufficientResources):
+		case errors.Is(err, mig.ErrInsufficientResources):
 			refused++
 		default:
 			t.Fatal(err)
@@ -305,7 +213,7 @@ func TestMockNodeSharedState(t *testing.T) {
 	if ok != 4 || refused != 4 {
 		t.Fatalf("%d created, %d refused; want 4 and 4", ok, refused)
 	}
-	if _, err := OpenMockNode(path, "h100", 1, MockOptions{}); err == nil || !strings.Contains(err.Error(), "holds 1 x h200") {
+	if _, err := Open(path, "h100", 1, Options{}); err == nil || !strings.Contains(err.Error(), "holds 1 x h200") {
 		t.Fatalf("reopen as another model: %v", err)
 	}
 }
@@ -314,11 +222,11 @@ func TestMockNodeSharedState(t *testing.T) {
 // an overlapping placement, as on a real node.
 func TestMockNodeAcrossProcesses(t *testing.T) {
 	if path := os.Getenv("BULKHEAD_MIG_HELPER_NODE"); path != "" {
-		node, err := OpenMockNode(path, "b200", 2, MockOptions{})
+		node, err := Open(path, "b200", 2, Options{})
 		if err == nil {
-			var b *NVMLBackend
-			if b, err = NewNVMLBackend(node.Interface(), NVMLOptions{}); err == nil {
-				var inst Instance
+			var b *nvmlbackend.Backend
+			if b, err = nvmlbackend.New(node.Interface(), nvmlbackend.Options{}); err == nil {
+				var inst mig.Instance
 				if inst, err = b.Create(1, "3g.90gb", 4); err == nil {
 					json.NewEncoder(os.Stdout).Encode(inst)
 					return
@@ -329,7 +237,7 @@ func TestMockNodeAcrossProcesses(t *testing.T) {
 		os.Exit(1)
 	}
 	path := filepath.Join(t.TempDir(), "node.json")
-	node, err := OpenMockNode(path, "b200", 2, MockOptions{})
+	node, err := Open(path, "b200", 2, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,11 +247,11 @@ func TestMockNodeAcrossProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helper: %v: %s", err, out)
 	}
-	var child Instance
+	var child mig.Instance
 	if err := json.Unmarshal([]byte(strings.SplitN(string(out), "\n", 2)[0]), &child); err != nil {
 		t.Fatalf("helper output %q: %v", out, err)
 	}
-	b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
+	b, err := nvmlbackend.New(node.Interface(), nvmlbackend.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,47 +259,7 @@ func TestMockNodeAcrossProcesses(t *testing.T) {
 	if err != nil || len(insts) != 1 || insts[0] != child {
 		t.Fatalf("instances %+v %v, child made %+v", insts, err, child)
 	}
-	if _, err := b.Create(1, "1g.45gb", 6); !errors.Is(err, ErrInsufficientResources) {
+	if _, err := b.Create(1, "1g.45gb", 6); !errors.Is(err, mig.ErrInsufficientResources) {
 		t.Fatalf("overlapping create: %v", err)
-	}
-}
-
-func TestReconcile(t *testing.T) {
-	node, _ := NewMockNode("h100", 2, MockOptions{})
-	b, err := NewNVMLBackend(node.Interface(), NVMLOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kept, _ := b.Create(0, "3g.40gb", 4)
-	orphan, _ := b.Create(1, "1g.10gb", 6)
-	// A GPU instance whose compute instance was never made (crash between).
-	d := mockDevice(t, node, 0)
-	info := profileInfo(t, d, nvml.GPU_INSTANCE_PROFILE_2_SLICE)
-	if _, ret := d.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 2}); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	ledger := []Placement{
-		{GPU: 0, Profile: "3g.40gb", Start: 4, Tenant: "t", Owner: "a"},
-		{GPU: 0, Profile: "2g.20gb", Start: 0, Tenant: "t", Owner: "b"},
-		{GPU: 1, Profile: "1g.10gb", Start: 0, Tenant: "t", Owner: "c"},
-	}
-	insts, _ := b.Instances()
-	orphans, missing := Reconcile(insts, ledger)
-	if len(orphans) != 2 || len(missing) != 2 {
-		t.Fatalf("orphans %+v\nmissing %+v", orphans, missing)
-	}
-	for _, o := range orphans {
-		if o == kept {
-			t.Fatal("a held instance was reported orphaned")
-		}
-		if err := b.Destroy(o.GPU, o.GI, o.CI); err != nil {
-			t.Fatalf("destroy %+v: %v", o, err)
-		}
-	}
-	if missing[0].Owner != "b" || missing[1].Owner != "c" {
-		t.Fatalf("missing %+v", missing)
-	}
-	if insts, _ := b.Instances(); len(insts) != 1 || insts[0] != kept {
-		t.Fatalf("after GC %+v (orphan was %+v)", insts, orphan)
 	}
 }

@@ -1,4 +1,16 @@
-package mig
+// Package mocknode simulates a node of MIG GPUs for tests and demos: go-nvml's
+// DGX mock servers rewired to behave like hardware, so that the NVML backend
+// (package nvmlbackend) runs the same code on it as on real GPUs.
+//
+// Invariant: the mock refuses what hardware refuses and reports what hardware
+// reports. Placements are the hardware's, in 8 memory slots; profile IDs are
+// the hardware's (not go-nvml's enum); overlapping, invalid or over-limit
+// creations fail with ERROR_INSUFFICIENT_RESOURCES; a wrong placement size
+// with ERROR_INVALID_ARGUMENT; destroying a GPU instance that still has
+// compute instances, or changing MIG mode with instances, with ERROR_IN_USE.
+// It is test machinery: production code reaches it only through the shim's
+// mig.backend = "mock" setting.
+package mocknode
 
 import (
 	"encoding/json"
@@ -19,24 +31,34 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/google/uuid"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
 )
 
-// hardwareProfileIDs are the GPU-instance profile IDs real NVML reports, in
-// shape order (1g, 1g+me, 1g double memory, 2g, 3g, 4g, 7g). go-nvml's mocks
-// report the enum instead. Only the mock uses this table: the backend reads
-// IDs from NVML.
-var hardwareProfileIDs = []uint32{19, 20, 15, 14, 9, 5, 0}
+// hardwareProfileIDs are the GPU-instance profile IDs real NVML reports, by
+// the nvml.GPU_INSTANCE_PROFILE_* enum a profile is asked for with. go-nvml's
+// mocks report the enum instead. Only the mock uses this table: the backend
+// reads IDs from NVML.
+var hardwareProfileIDs = map[int]uint32{
+	nvml.GPU_INSTANCE_PROFILE_1_SLICE:      19,
+	nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1: 20, // 1g+me
+	nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2: 15, // 1g, double memory
+	nvml.GPU_INSTANCE_PROFILE_2_SLICE:      14,
+	nvml.GPU_INSTANCE_PROFILE_3_SLICE:      9,
+	nvml.GPU_INSTANCE_PROFILE_4_SLICE:      5,
+	nvml.GPU_INSTANCE_PROFILE_7_SLICE:      0,
+}
 
-// MockNode is a simulated node of MIG GPUs built on go-nvml's DGX mock
+// Node is a simulated node of MIG GPUs built on go-nvml's DGX mock
 // servers, rewired to behave like hardware: real placements in 8 memory
 // slots, hardware profile IDs, ERROR_INSUFFICIENT_RESOURCES for overlapping or
 // invalid placements, MIG device handles with UUIDs.
 //
-// With a state file (OpenMockNode) the created instances live in that file
+// With a state file (Open) the created instances live in that file
 // under an exclusive flock, so several processes (one shim per pod, a GC
 // pass) share one simulated node. Every NVML call re-reads the file.
-type MockNode struct {
-	model  *GPUModel
+type Node struct {
+	model  *mig.GPUModel
 	path   string // state file, "" keeps the state in memory
 	server *server.Server
 
@@ -71,15 +93,15 @@ type mockCI struct {
 	UUID      string `json:"uuid"`
 }
 
-// MockOptions configure a new mock node.
-type MockOptions struct {
+// Options configure a new mock node.
+type Options struct {
 	// MIGDisabled starts the GPUs with MIG mode off (default on), to test
 	// that the backend never toggles it on its own.
 	MIGDisabled bool
 }
 
-// NewMockNode returns an in-memory mock node of n GPUs of a model.
-func NewMockNode(model string, n int, opts MockOptions) (*MockNode, error) {
+// New returns an in-memory mock node of n GPUs of a model.
+func New(model string, n int, opts Options) (*Node, error) {
 	node, st, err := newMockNode(model, n, opts)
 	if err != nil {
 		return nil, err
@@ -89,10 +111,10 @@ func NewMockNode(model string, n int, opts MockOptions) (*MockNode, error) {
 	return node, nil
 }
 
-// OpenMockNode opens (or creates) a mock node whose state is kept in the
+// Open opens (or creates) a mock node whose state is kept in the
 // JSON file at path, shared by every process that opens the same path. An
 // existing file must describe the same model and GPU count.
-func OpenMockNode(path, model string, n int, opts MockOptions) (*MockNode, error) {
+func Open(path, model string, n int, opts Options) (*Node, error) {
 	if path == "" {
 		return nil, errors.New("mock node: path must not be empty")
 	}
@@ -127,8 +149,8 @@ func OpenMockNode(path, model string, n int, opts MockOptions) (*MockNode, error
 	return node, nil
 }
 
-func newMockNode(model string, n int, opts MockOptions) (*MockNode, *mockState, error) {
-	m, err := Model(model)
+func newMockNode(model string, n int, opts Options) (*Node, *mockState, error) {
+	m, err := mig.Model(model)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -156,16 +178,16 @@ func newMockNode(model string, n int, opts MockOptions) (*MockNode, *mockState, 
 	for range n {
 		st.GPUs = append(st.GPUs, mockGPU{UUID: "GPU-" + uuid.NewString(), MIGMode: mode})
 	}
-	return &MockNode{model: m, server: srv}, st, nil
+	return &Node{model: m, server: srv}, st, nil
 }
 
-// Interface is the node's NVML: pass it to NewNVMLBackend.
-func (n *MockNode) Interface() nvml.Interface { return n.server }
+// Interface is the node's NVML: pass it to nvmlbackend.New.
+func (n *Node) Interface() nvml.Interface { return n.server }
 
 // Model is the node's GPU model.
-func (n *MockNode) Model() *GPUModel { return n.model }
+func (n *Node) Model() *mig.GPUModel { return n.model }
 
-func (n *MockNode) withLock(how int, fn func() error) error {
+func (n *Node) withLock(how int, fn func() error) error {
 	f, err := os.OpenFile(n.path+".lock", os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("mock node lock: %w", err)
@@ -179,7 +201,7 @@ func (n *MockNode) withLock(how int, fn func() error) error {
 }
 
 // write replaces the state file atomically; the caller holds the lock.
-func (n *MockNode) write(st *mockState) error {
+func (n *Node) write(st *mockState) error {
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err
@@ -201,7 +223,7 @@ func (n *MockNode) write(st *mockState) error {
 
 // do runs fn on the current state; a write also persists it. Errors reading
 // or writing the state file surface as ERROR_UNKNOWN, like a driver fault.
-func (n *MockNode) do(write bool, fn func(st *mockState) nvml.Return) nvml.Return {
+func (n *Node) do(write bool, fn func(st *mockState) nvml.Return) nvml.Return {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.path == "" {
@@ -234,22 +256,22 @@ func (n *MockNode) do(write bool, fn func(st *mockState) nvml.Return) nvml.Retur
 }
 
 // shapeByID maps a hardware GPU-instance profile ID to its profile.
-func (n *MockNode) shapeByID(id uint32) *Profile {
-	for i, hw := range hardwareProfileIDs {
-		if hw == id {
-			return &n.model.Profiles[i]
+func (n *Node) shapeByID(id uint32) *mig.Profile {
+	for i := range n.model.Profiles {
+		if p := &n.model.Profiles[i]; hardwareProfileIDs[p.NVMLProfile] == id {
+			return p
 		}
 	}
 	return nil
 }
 
-func (n *MockNode) profileInfo(p *Profile) nvml.GpuInstanceProfileInfo {
+func (n *Node) profileInfo(p *mig.Profile) nvml.GpuInstanceProfileInfo {
 	media := uint32(0)
 	if p.Media {
 		media = 1
 	}
 	return nvml.GpuInstanceProfileInfo{
-		Id:                  hardwareProfileIDs[p.index],
+		Id:                  hardwareProfileIDs[p.NVMLProfile],
 		IsP2pSupported:      1,
 		SliceCount:          uint32(p.Compute),
 		InstanceCount:       uint32(p.Instances),
@@ -258,23 +280,23 @@ func (n *MockNode) profileInfo(p *Profile) nvml.GpuInstanceProfileInfo {
 		DecoderCount:        uint32(p.Compute),
 		JpegCount:           media,
 		OfaCount:            media,
-		MemorySizeMB:        uint64(n.model.MemoryGB) * 1024 * uint64(p.Slots) / MemorySlots,
+		MemorySizeMB:        uint64(n.model.MemoryGB) * 1024 * uint64(p.Slots) / mig.MemorySlots,
 	}
 }
 
 // occupancy rebuilds the exact GPU state from the instances on it.
-func (n *MockNode) occupancy(g *mockGPU) gpuState {
-	var s gpuState
+func (n *Node) occupancy(g *mockGPU) mig.Occupancy {
+	var s mig.Occupancy
 	for _, gi := range g.GIs {
 		if p := n.shapeByID(gi.ProfileID); p != nil {
-			s.add(p, gi.Start)
+			s.Add(p, gi.Start)
 		}
 	}
 	return s
 }
 
 // bind rewires every device of the wrapped go-nvml server.
-func (n *MockNode) bind(st *mockState) {
+func (n *Node) bind(st *mockState) {
 	for i, d := range n.server.Devices {
 		dev := d.(*server.Device)
 		dev.UUID = st.GPUs[i].UUID
@@ -303,7 +325,7 @@ func (n *MockNode) bind(st *mockState) {
 	}
 }
 
-func (n *MockNode) bindDevice(idx int, d *server.Device) {
+func (n *Node) bindDevice(idx int, d *server.Device) {
 	d.GetMigModeFunc = func() (int, int, nvml.Return) {
 		mode := 0
 		ret := n.do(false, func(st *mockState) nvml.Return {
@@ -355,7 +377,7 @@ func (n *MockNode) bindDevice(idx int, d *server.Device) {
 		room := 0
 		ret := n.do(false, func(st *mockState) nvml.Return {
 			s := n.occupancy(&st.GPUs[idx])
-			room = s.room(p)
+			room = s.Room(p)
 			return nvml.SUCCESS
 		})
 		return room, ret
@@ -378,12 +400,12 @@ func (n *MockNode) bindDevice(idx int, d *server.Device) {
 			start := -1
 			if placement != nil {
 				start = int(placement.Start)
-				if s.fits(p, start) != "" {
+				if !s.Fits(p, start) {
 					return nvml.ERROR_INSUFFICIENT_RESOURCES
 				}
 			} else {
 				for _, c := range p.Starts {
-					if s.fits(p, c) == "" {
+					if s.Fits(p, c) {
 						start = c
 						break
 					}
@@ -430,7 +452,7 @@ func (n *MockNode) bindDevice(idx int, d *server.Device) {
 		}
 		return n.gpuInstance(idx, id), nvml.SUCCESS
 	}
-	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return ComputeSlices, nvml.SUCCESS }
+	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return mig.ComputeSlices, nvml.SUCCESS }
 	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
 	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 		var found nvml.Device
@@ -452,8 +474,8 @@ func (n *MockNode) bindDevice(idx int, d *server.Device) {
 }
 
 // freeGIID picks the lowest free GPU-instance ID; the full-GPU instance is 0.
-func freeGIID(g *mockGPU, p *Profile) int {
-	if p.Slots == MemorySlots {
+func freeGIID(g *mockGPU, p *mig.Profile) int {
+	if p.Slots == mig.MemorySlots {
 		return 0
 	}
 	for id := 1; ; id++ {
@@ -492,7 +514,7 @@ var ciSizes = map[int]int{
 
 // gpuInstance is a handle to GPU instance id on GPU idx. Every call reads
 // the node's current state, so a handle outlives process boundaries.
-func (n *MockNode) gpuInstance(idx, id int) nvml.GpuInstance {
+func (n *Node) gpuInstance(idx, id int) nvml.GpuInstance {
 	h := &nvmlmock.GpuInstance{}
 	dev := n.server.Devices[idx]
 	withGI := func(write bool, fn func(gi *mockGI) nvml.Return) nvml.Return {
@@ -646,7 +668,7 @@ func (n *MockNode) gpuInstance(idx, id int) nvml.GpuInstance {
 	return h
 }
 
-func (n *MockNode) computeInstance(idx, giID, ciID int, gi nvml.GpuInstance) nvml.ComputeInstance {
+func (n *Node) computeInstance(idx, giID, ciID int, gi nvml.GpuInstance) nvml.ComputeInstance {
 	h := &nvmlmock.ComputeInstance{}
 	h.GetInfoFunc = func() (nvml.ComputeInstanceInfo, nvml.Return) {
 		var info nvml.ComputeInstanceInfo
@@ -684,7 +706,7 @@ func (n *MockNode) computeInstance(idx, giID, ciID int, gi nvml.GpuInstance) nvm
 }
 
 // migDevice is the MIG device handle of a compute instance.
-func (n *MockNode) migDevice(idx int, gi mockGI, ci mockCI) nvml.Device {
+func (n *Node) migDevice(idx int, gi mockGI, ci mockCI) nvml.Device {
 	parent := n.server.Devices[idx]
 	p := n.shapeByID(gi.ProfileID)
 	name := "MIG"

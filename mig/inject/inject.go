@@ -1,4 +1,11 @@
-package mig
+// Package inject hands a GPU or MIG slice to a container, as OCI spec
+// options (the shape of containerd's oci.SpecOpts, each tested on a plain
+// specs.Spec) and as a CDI spec that names the same edits.
+//
+// Invariant: a container gets exactly the device nodes its GPU needs and a
+// device-cgroup rule for each (never mknod), and NVIDIA_VISIBLE_DEVICES names
+// only its own GPU or MIG device, whatever the image or the pod author set.
+package inject
 
 import (
 	"bufio"
@@ -8,6 +15,8 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
 )
 
 // Device paths a CUDA process needs next to its GPU or MIG device.
@@ -15,8 +24,6 @@ const (
 	DevNvidiaCtl      = "/dev/nvidiactl"
 	DevNvidiaUVM      = "/dev/nvidia-uvm"
 	DevNvidiaUVMTools = "/dev/nvidia-uvm-tools"
-	// DevNvidiaCaps is the directory of MIG capability devices.
-	DevNvidiaCaps = "/dev/nvidia-caps"
 	// NvidiaCtlMinor is /dev/nvidiactl's minor on the nvidia major.
 	NvidiaCtlMinor = 255
 	// VisibleDevicesEnv is the variable the NVIDIA container stack and
@@ -196,7 +203,7 @@ func ControlEdits(m Majors) Edits {
 }
 
 // WholeGPUEdits give a container an entire GPU: /dev/nvidia<minor> and its UUID.
-func WholeGPUEdits(m Majors, info GPUInfo) Edits {
+func WholeGPUEdits(m Majors, info mig.GPUInfo) Edits {
 	return Edits{
 		Env:     []string{VisibleDevicesEnv + "=" + info.UUID},
 		Devices: []DeviceNode{{Path: fmt.Sprintf("/dev/nvidia%d", info.Minor), Major: m.Nvidia, Minor: int64(info.Minor), FileMode: 0o666, Access: "rw"}},
@@ -206,7 +213,7 @@ func WholeGPUEdits(m Majors, info GPUInfo) Edits {
 // MIGEdits give a container one MIG device: the parent /dev/nvidiaN, the
 // GI and CI capability nodes (read-only, as the driver creates them) and
 // NVIDIA_VISIBLE_DEVICES=MIG-<uuid>.
-func MIGEdits(m Majors, minors MIGMinors, inst Instance) (Edits, error) {
+func MIGEdits(m Majors, minors MIGMinors, inst mig.Instance) (Edits, error) {
 	if inst.UUID == "" || inst.CI < 0 {
 		return Edits{}, fmt.Errorf("gpu %d GI %d: no compute instance to inject", inst.GPU, inst.GI)
 	}
@@ -225,8 +232,8 @@ func MIGEdits(m Majors, minors MIGMinors, inst Instance) (Edits, error) {
 		Env: []string{VisibleDevicesEnv + "=" + inst.UUID},
 		Devices: []DeviceNode{
 			{Path: fmt.Sprintf("/dev/nvidia%d", inst.ParentMinor), Major: m.Nvidia, Minor: int64(inst.ParentMinor), FileMode: 0o666, Access: "rw"},
-			{Path: fmt.Sprintf("%s/nvidia-cap%d", DevNvidiaCaps, gi), Major: m.Caps, Minor: gi, FileMode: 0o444, Access: "r"},
-			{Path: fmt.Sprintf("%s/nvidia-cap%d", DevNvidiaCaps, ci), Major: m.Caps, Minor: ci, FileMode: 0o444, Access: "r"},
+			{Path: fmt.Sprintf("%s/nvidia-cap%d", mig.DevNvidiaCaps, gi), Major: m.Caps, Minor: gi, FileMode: 0o444, Access: "r"},
+			{Path: fmt.Sprintf("%s/nvidia-cap%d", mig.DevNvidiaCaps, ci), Major: m.Caps, Minor: ci, FileMode: 0o444, Access: "r"},
 		},
 	}, nil
 }
@@ -316,7 +323,7 @@ func WithEdits(edits Edits) SpecOpt {
 }
 
 // WithMIGDevice gives a container one MIG device and the control nodes.
-func WithMIGDevice(m Majors, minors MIGMinors, inst Instance) SpecOpt {
+func WithMIGDevice(m Majors, minors MIGMinors, inst mig.Instance) SpecOpt {
 	return func(s *specs.Spec) error {
 		e, err := MIGEdits(m, minors, inst)
 		if err != nil {

@@ -1,4 +1,4 @@
-package mig
+package nvmlbackend
 
 import (
 	"errors"
@@ -20,7 +20,7 @@ func TestRealNVMLReadOnly(t *testing.T) {
 	if ret != nvml.SUCCESS || n == 0 {
 		t.Skipf("no NVIDIA GPU (%d devices, %v)", n, ret)
 	}
-	b, err := NewNVMLBackend(lib, NVMLOptions{})
+	b, err := New(lib, Options{})
 	switch {
 	case errors.Is(err, ErrGeometryMismatch):
 		t.Fatalf("the driver disagrees with the hardware geometry: %v", err)

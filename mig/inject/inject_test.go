@@ -1,8 +1,7 @@
-package mig
+package inject
 
 import (
 	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +9,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	cdi "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
 )
 
 func TestParseMIGMinors(t *testing.T) {
@@ -78,8 +79,8 @@ func TestParseProcDevices(t *testing.T) {
 
 var testMajors = Majors{Nvidia: 195, UVM: 234, Caps: 235}
 
-func testInstance() Instance {
-	return Instance{GPU: 1, GPUUUID: "GPU-p", ParentMinor: 1, Profile: "3g.71gb", Start: 4, Size: 4, GI: 2, CI: 0, UUID: "MIG-1234"}
+func testInstance() mig.Instance {
+	return mig.Instance{GPU: 1, GPUUUID: "GPU-p", ParentMinor: 1, Profile: "3g.71gb", Start: 4, Size: 4, GI: 2, CI: 0, UUID: "MIG-1234"}
 }
 
 func TestSpecOpts(t *testing.T) {
@@ -105,7 +106,7 @@ func TestSpecOpts(t *testing.T) {
 		},
 		{
 			name:    "whole GPU",
-			opts:    []SpecOpt{WithEdits(WholeGPUEdits(testMajors, GPUInfo{Minor: 3, UUID: "GPU-abc"}))},
+			opts:    []SpecOpt{WithEdits(WholeGPUEdits(testMajors, mig.GPUInfo{Minor: 3, UUID: "GPU-abc"}))},
 			devices: []string{"/dev/nvidia3 195:3 rw"},
 			env:     []string{"PATH=/bin", "NVIDIA_VISIBLE_DEVICES=GPU-abc"},
 		},
@@ -124,8 +125,8 @@ func TestSpecOpts(t *testing.T) {
 		{name: "mknod access refused", opts: []SpecOpt{WithDeviceNode(DeviceNode{Path: "/dev/x", Access: "rwm"})}, err: `access "rwm"`},
 		{name: "empty visible id", opts: []SpecOpt{WithVisibleDevices("")}, err: "device id"},
 		{name: "no visible ids", opts: []SpecOpt{WithVisibleDevices()}, err: "no device ids"},
-		{name: "MIG instance without caps minor", opts: []SpecOpt{WithMIGDevice(testMajors, minors, Instance{ParentMinor: 0, GI: 7, CI: 0, UUID: "MIG-x"})}, err: "no capability gpu0/gi7/access"},
-		{name: "GI without CI", opts: []SpecOpt{WithMIGDevice(testMajors, minors, Instance{GI: 1, CI: -1})}, err: "no compute instance"},
+		{name: "MIG instance without caps minor", opts: []SpecOpt{WithMIGDevice(testMajors, minors, mig.Instance{ParentMinor: 0, GI: 7, CI: 0, UUID: "MIG-x"})}, err: "no capability gpu0/gi7/access"},
+		{name: "GI without CI", opts: []SpecOpt{WithMIGDevice(testMajors, minors, mig.Instance{GI: 1, CI: -1})}, err: "no compute instance"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -215,40 +216,6 @@ func TestCDISpec(t *testing.T) {
 	for _, b := range bad {
 		if _, err := CDISpec(b.kind, Edits{}, b.devs); err == nil || !strings.Contains(err.Error(), b.want) {
 			t.Errorf("CDISpec(%q): %v, want %q", b.kind, err, b.want)
-		}
-	}
-}
-
-func TestSandboxGPUMode(t *testing.T) {
-	tests := []struct {
-		runtime, fallback string
-		supports          bool
-		want              GPUMode
-		err               error
-		msg               string
-	}{
-		{"runc", FallbackRefuse, true, GPUModeMIG, nil, ""},
-		{"io.containerd.runc.v2", FallbackRefuse, true, GPUModeMIG, nil, ""},
-		{"/usr/bin/crun", FallbackWholeGPU, true, GPUModeMIG, nil, ""},
-		{"runsc", FallbackRefuse, false, "", ErrMIGUnsupportedInSandbox, `runtime "runsc": MIG slices are not supported`},
-		{"io.containerd.runsc.v1", FallbackRefuse, false, "", ErrMIGUnsupportedInSandbox, "/dev/nvidia-caps/*"},
-		{"gvisor", FallbackWholeGPU, false, GPUModeWhole, nil, ""},
-		{"kata", FallbackRefuse, false, "", ErrMIGUnsupportedInSandbox, "kata"},
-		{"runsc", "maybe", false, "", nil, `decision.gpu.mig_in_sandbox "maybe"`},
-	}
-	for _, tt := range tests {
-		if got := SandboxSupportsMIG(tt.runtime); got != tt.supports {
-			t.Errorf("SandboxSupportsMIG(%q) = %v", tt.runtime, got)
-		}
-		mode, err := SandboxGPUMode(tt.runtime, tt.fallback)
-		if tt.msg != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.msg) || (tt.err != nil && !errors.Is(err, tt.err)) {
-				t.Errorf("SandboxGPUMode(%q, %q) error %v, want %q", tt.runtime, tt.fallback, err, tt.msg)
-			}
-			continue
-		}
-		if err != nil || mode != tt.want {
-			t.Errorf("SandboxGPUMode(%q, %q) = %v, %v; want %v", tt.runtime, tt.fallback, mode, err, tt.want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package mig
+package inject
 
 import (
 	"encoding/json"
