@@ -214,7 +214,11 @@ const (
 // Decision is data.bulkhead.decision, checked for shape by the engine.
 type Decision struct {
 	Allow bool `json:"allow"`
-	// Reasons lists every rule that fired, deny or not.
+	// Reasons lists every rule that fired, deny or not, in the bundle's
+	// order. The default bundle puts the decisive one first (deny before
+	// warn before audit, then by rule family: input, tenant, identity,
+	// runtime, workload, rdma, gpu, quota, network; reason_precedence in
+	// rego/decision.rego); every reader shows them in this order.
 	Reasons []Reason `json:"reasons"`
 	Tenant  string   `json:"tenant"`
 	Tier    string   `json:"tier"`

@@ -41,6 +41,6 @@ func ExampleOpen() {
 	}
 	// Output:
 	// false agents untrusted
-	// warn quota.memory_limit_missing
 	// deny runtime.runc_forbidden
+	// warn quota.memory_limit_missing
 }

@@ -28,10 +28,43 @@ mode(f) := m if {
 	m := f.enforcement
 } else := "deny"
 
-# rows sort the reasons by rule id, then message.
-rows := {[f.rule, f.message, mode(f)] | some f in findings}
+# reason_precedence orders the families of rule ids (a rule id's part before
+# its first dot) in decision.reasons, so that the first deny reason is the
+# one that decided: each family is judged in the light of those before it.
+#   input     the document is not one this policy can judge at all;
+#   tenant,   who the pod is: without a tenant there is no tier, and every
+#   identity  rule that follows from the tier fires against the lockdown;
+#   runtime   where the pod runs (gVisor or runc) bounds what it may touch;
+#   workload  what its containers ask of the host;
+#   rdma, gpu the devices it requests;
+#   quota     whether the tenant has room for what it requests;
+#   network   the tier's and the tenant's network settings.
+# A family not listed here (a security team's own) follows these. Every
+# reader shows reasons in this order: bulkhead policy eval, the webhook's
+# refusals and the node's (docs/policy.md, "Decision").
+reason_precedence := ["input", "tenant", "identity", "runtime", "workload", "rdma", "gpu", "quota", "network"]
 
-reasons := [{"rule": row[0], "message": row[1], "enforcement": row[2]} | some row in sort(rows)]
+family_rank := {family: i | some i, family in reason_precedence}
+
+rank_of_rule(rule) := r if {
+	r := family_rank[split(rule, ".")[0]]
+} else := count(reason_precedence)
+
+# Deny (and any unknown mode, which counts as deny) before warn before audit.
+rank_of_mode(m) := 1 if {
+	m == "warn"
+} else := 2 if {
+	m == "audit"
+} else := 0
+
+# rows sort the reasons: by enforcement, then by family as above, then by
+# rule id, then by message.
+rows := {[rank_of_mode(m), rank_of_rule(f.rule), f.rule, f.message, m] |
+	some f in findings
+	m := mode(f)
+}
+
+reasons := [{"rule": row[2], "message": row[3], "enforcement": row[4]} | some row in sort(rows)]
 
 # An enforcement mode outside deny/warn/audit counts as deny: fail closed.
 denied := [r | some r in reasons; not r.enforcement in {"warn", "audit"}]

@@ -61,12 +61,42 @@ test_unknown_enforcement_mode_fails_closed if {
 	not d.allow
 }
 
-test_reasons_sorted_by_rule if {
-	doc := object.union(fx.agent, {"pod": {"host_pid": true, "runtime_handler": "runc"}})
+test_reasons_sorted_by_rule_within_a_family if {
+	doc := object.union(fx.agent, {"pod": {"host_pid": true, "host_network": true, "containers": [object.union(fx.agent.pod.containers[0], {"privileged": true})]}})
 	d := bulkhead.decision with input as doc with data.bulkhead.tenants as fx.tenants
 	ids := [r.rule | some r in d.reasons]
-	ids == sort(ids)
-	count(ids) == 2
+	ids == ["workload.host_namespace", "workload.host_namespace", "workload.privileged"]
+}
+
+# The decisive reason comes first: who the pod is before what follows from
+# its tier (without a tenant, the GPU rules fire against the lockdown).
+test_reasons_decisive_first if {
+	doc := object.union(fx.agent, {"request": {"gpu": {"profile": "1g.18gb", "count": 1}}, "pod": {"runtime_handler": "runc"}})
+	d := bulkhead.decision with input as doc with data.bulkhead.tenants as {}
+	d.reasons[0].rule == "tenant.unknown_namespace"
+	ranks := [bulkhead.rank_of_rule(r.rule) | some r in d.reasons]
+	ranks == sort(ranks)
+	count(ranks) > 1
+}
+
+# Deny before warn before audit, whatever the families.
+test_reasons_deny_before_warn_before_audit if {
+	doc := json.patch(fx.agent, [
+		{"op": "replace", "path": "/pod/containers/0/image", "value": "busybox:latest"},
+		{"op": "add", "path": "/request/rdma", "value": true},
+		{"op": "add", "path": "/pod/host_pid", "value": true},
+	])
+	d := bulkhead.decision with input as doc
+		with data.bulkhead.tenants as fx.tenants
+		with data.bulkhead.enforcement as {"rdma.forbidden": "audit"}
+	[r.enforcement | some r in d.reasons] == ["deny", "warn", "audit"]
+	[r.rule | some r in d.reasons] == ["workload.host_namespace", "workload.image_unpinned", "rdma.forbidden"]
+}
+
+test_reasons_of_other_families_come_last if {
+	bulkhead.rank_of_rule("acme.cost_center") == count(bulkhead.reason_precedence)
+	bulkhead.rank_of_rule("tenant.unknown_namespace") < bulkhead.rank_of_rule("gpu.max_slices")
+	bulkhead.rank_of_rule("input.kind_invalid") == 0
 }
 
 # The pod the security review found admitted for an untrusted tenant is

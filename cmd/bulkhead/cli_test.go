@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -198,19 +199,20 @@ func TestPrintStatusTables(t *testing.T) {
 	}
 }
 
-func TestDecisiveFirst(t *testing.T) {
-	rs := []policy.Reason{
-		{Rule: "gpu.x", Enforcement: policy.EnforceWarn},
-		{Rule: "runtime.y"},
-		{Rule: "tenant.unknown_namespace", Enforcement: policy.EnforceDeny},
-		{Rule: "audit.z", Enforcement: policy.EnforceAudit},
+// TestPolicyEvalDecisiveReasonFirst: without --data no tenant owns the
+// namespace, and eval lists that first, before the GPU rules the lockdown
+// tier then fails: the bundle's order (rego/decision.rego), not the CLI's.
+func TestPolicyEvalDecisiveReasonFirst(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := policyMain([]string{"eval", "--bundle", "../../rego", "--input", "../../rego/examples/input.agent.json"}, &stdout, &stderr)
+	if code != exitDeny {
+		t.Fatalf("exit %d, want %d; stderr %s", code, exitDeny, stderr.String())
 	}
-	decisiveFirst(rs)
-	var got []string
-	for _, r := range rs {
-		got = append(got, r.Rule)
+	var d policy.Decision
+	if err := json.Unmarshal(stdout.Bytes(), &d); err != nil {
+		t.Fatal(err)
 	}
-	if want := "tenant.unknown_namespace runtime.y gpu.x audit.z"; strings.Join(got, " ") != want {
-		t.Fatalf("order %v, want %s", got, want)
+	if len(d.Reasons) < 2 || d.Reasons[0].Rule != "tenant.unknown_namespace" {
+		t.Fatalf("reasons %+v: want tenant.unknown_namespace first of several", d.Reasons)
 	}
 }

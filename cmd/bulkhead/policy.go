@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
-	"sort"
 	"strings"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
@@ -111,8 +110,9 @@ func policyEval(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	defer e.Close()
+	// Reasons stay in the decision's order: the bundle's, which in the
+	// default bundle puts the decisive one first (policy.Decision.Reasons).
 	d, decideErr := e.Decide(ctx, in)
-	decisiveFirst(d.Reasons)
 	out, err := json.MarshalIndent(d, "", "  ")
 	if err != nil {
 		fmt.Fprintln(stderr, "bulkhead policy eval:", err)
@@ -260,24 +260,4 @@ func flagNames(err error) string {
 	msg := keysField.ReplaceAllString(err.Error(), "--key")
 	msg = policyFlags.Replace(msg)
 	return strings.Replace(msg, "policy: ", "", 1)
-}
-
-// decisiveFirst orders reasons so that the one that decided comes first:
-// denials before warnings and audits, and among denials those about who the
-// pod is (tenant.*) before the rules that follow from it. The order within
-// each group is the policy's.
-func decisiveFirst(rs []policy.Reason) {
-	rank := func(r policy.Reason) int {
-		deny := r.Enforcement == "" || r.Enforcement == policy.EnforceDeny
-		switch {
-		case deny && strings.HasPrefix(r.Rule, "tenant."):
-			return 0
-		case deny:
-			return 1
-		case r.Enforcement == policy.EnforceWarn:
-			return 2
-		}
-		return 3
-	}
-	sort.SliceStable(rs, func(i, j int) bool { return rank(rs[i]) < rank(rs[j]) })
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -378,12 +377,16 @@ const (
 	maxReasonBytes = 1024
 )
 
-// formatReasons lists reasons as "[rule] message; [rule] message", sorted
-// by rule id so the message is stable, each listed once.
+// formatReasons lists reasons as "[rule] message; [rule] message" in the
+// decision's order (the default bundle's puts the decisive reason first,
+// policy.Decision.Reasons), each listed once.
 func formatReasons(rs []policy.Reason) string {
-	rs = append([]policy.Reason(nil), rs...)
-	sort.SliceStable(rs, func(i, j int) bool { return rs[i].Rule < rs[j].Rule })
-	rs = slices.Compact(rs)
+	seen := make(map[policy.Reason]bool, len(rs))
+	rs = slices.DeleteFunc(slices.Clone(rs), func(r policy.Reason) bool {
+		dup := seen[r]
+		seen[r] = true
+		return dup
+	})
 	parts := make([]string, 0, min(len(rs), maxListed)+1)
 	for _, r := range rs[:min(len(rs), maxListed)] {
 		parts = append(parts, cut(fmt.Sprintf("[%s] %s", r.Rule, r.Message)))
