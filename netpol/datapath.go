@@ -306,6 +306,9 @@ const (
 	ipv4HdrMin    = 20
 	ipv6HdrLen    = 40
 	maxExtHeaders = 4
+	// maxNDOptions bounds the options of one neighbour discovery message
+	// the pod sends (hosts send one or two: a link-layer address, a nonce).
+	maxNDOptions = 6
 )
 
 var (
@@ -858,9 +861,11 @@ func (p *prog) ndFromPod() {
 	p.ownAddressV6(asm.R2, ethHdrLen+8, "nd_src_ok", spoof)
 	p.at("nd_src_ok")
 	// An advertisement claims only the pod's own address.
-	p.emit(asm.JNE.Imm(asm.R8, 136, "nd_dst"))
+	p.emit(asm.JNE.Imm(asm.R8, 136, "nd_opts"))
 	p.need(asm.R4, 24)
-	p.ownAddressV6(asm.R4, 8, "nd_dst", spoof)
+	p.ownAddressV6(asm.R4, 8, "nd_opts", spoof)
+	p.at("nd_opts")
+	p.ndOptions()
 	// Destination: link-local unicast, all-nodes ff02::1, all-routers
 	// ff02::2 or a solicited-node group ff02::1:ffXX:XXXX; no other group.
 	p.at("nd_dst")
@@ -886,6 +891,73 @@ func (p *prog) ndFromPod() {
 		asm.JEq.Imm(asm.R1, 0xff, "pass"),
 		asm.Ja.Label(nd),
 	)
+}
+
+// ndOptions checks the options of a solicitation or advertisement the pod
+// sends (R8 holds the type, R4 points at the ICMPv6 header): every
+// link-layer address option (source, 1; target, 2) must carry the pod's MAC,
+// or the message would teach its receivers to send another pod's traffic to
+// that address. Options run to the end of the IPv6 payload; a zero-length
+// option, one past that end, a link-layer option of other than Ethernet size
+// or more than maxNDOptions options: drop (nd). Receivers discard the
+// malformed ones anyway (RFC 4861, 4.6); the bound keeps the walk finite.
+// Leaves R4 and R5 clobbered, R0 too.
+func (p *prog) ndOptions() {
+	nd := p.dropLabel(ReasonND)
+	p.emit(
+		// R5: the end of the message, from the payload length.
+		asm.LoadMem(asm.R5, asm.R2, ethHdrLen+4, asm.Half),
+		asm.HostTo(asm.BE, asm.R5, asm.Half),
+		asm.And.Imm(asm.R5, 0xffff),
+		asm.Add.Reg(asm.R5, asm.R2),
+		asm.Add.Imm(asm.R5, ethHdrLen+ipv6HdrLen),
+		// R0: the first option, after the fixed part of the message (a
+		// router solicitation has no target address).
+		asm.Mov.Reg(asm.R0, asm.R4),
+		asm.Add.Imm(asm.R0, 24),
+		asm.JNE.Imm(asm.R8, 133, "nd_opt_0"),
+		asm.Add.Imm(asm.R0, -16),
+	)
+	for i := range maxNDOptions {
+		lla, next := p.newLabel("nd_lla"), fmt.Sprintf("nd_opt_%d", i+1)
+		p.at(fmt.Sprintf("nd_opt_%d", i))
+		p.emit(
+			asm.JEq.Reg(asm.R0, asm.R5, "nd_opts_done"),
+			asm.JGT.Reg(asm.R0, asm.R5, nd),
+		)
+		p.need(asm.R0, 2)
+		p.emit(
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.Byte),
+			asm.JEq.Imm(asm.R1, 1, lla),
+			asm.JEq.Imm(asm.R1, 2, lla),
+			asm.LoadMem(asm.R1, asm.R0, 1, asm.Byte),
+			asm.JEq.Imm(asm.R1, 0, nd),
+			asm.LSh.Imm(asm.R1, 3),
+			asm.Add.Reg(asm.R0, asm.R1),
+			asm.Ja.Label(next),
+		)
+		p.at(lla)
+		p.emit(
+			asm.LoadMem(asm.R1, asm.R0, 1, asm.Byte),
+			asm.JNE.Imm(asm.R1, 1, nd),
+		)
+		p.need(asm.R0, 8)
+		p.emit(
+			asm.LoadMem(asm.R1, asm.R0, 2, asm.Word),
+			asm.LoadMem(asm.R4, asm.R7, epMAC, asm.Word),
+			asm.JNE.Reg32(asm.R1, asm.R4, nd),
+			asm.LoadMem(asm.R1, asm.R0, 6, asm.Half),
+			asm.LoadMem(asm.R4, asm.R7, epMAC+4, asm.Half),
+			asm.JNE.Reg32(asm.R1, asm.R4, nd),
+			asm.Add.Imm(asm.R0, 8),
+		)
+	}
+	// Options left after the bound: refuse rather than guess.
+	p.at(fmt.Sprintf("nd_opt_%d", maxNDOptions))
+	p.emit(
+		asm.JNE.Reg(asm.R0, asm.R5, nd),
+	)
+	p.at("nd_opts_done")
 }
 
 // ndToPod judges neighbour discovery delivered to the pod (its destination

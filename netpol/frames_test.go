@@ -139,3 +139,29 @@ func arpFrom(mac []byte, senderIP, targetIP string) []byte {
 	b = append(b, t[:]...)
 	return ether(ethTypeARP, b)
 }
+
+// ndOpts appends neighbour discovery options to an ND frame (nd6) and
+// sets its IPv6 payload length to match.
+func ndOpts(frame []byte, opts ...[]byte) []byte {
+	f := append([]byte{}, frame...)
+	for _, o := range opts {
+		f = append(f, o...)
+	}
+	binary.BigEndian.PutUint16(f[ethHdrLen+4:], uint16(len(f)-ethHdrLen-ipv6HdrLen))
+	return f
+}
+
+// lla is a link-layer address option: kind 1 (source) or 2 (target).
+func lla(kind byte, mac []byte) []byte { return append([]byte{kind, 1}, mac...) }
+
+// ndOpt is an option of kind with units*8 bytes, its body zero.
+func ndOpt(kind, units byte, size int) []byte {
+	o := make([]byte, size)
+	o[0], o[1] = kind, units
+	return o
+}
+
+// trailer appends n bytes past the IPv6 payload, as Ethernet padding would.
+func trailer(frame []byte, n int) []byte {
+	return append(append([]byte{}, frame...), make([]byte, n)...)
+}
