@@ -17,6 +17,7 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
+	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
 // dsPod is a running pod on the dual-stack node.
@@ -27,7 +28,9 @@ type dsPod struct {
 }
 
 // TestDualStackFenceThroughCRI runs the traffic matrix over IPv4 and IPv6
-// between gVisor pods started through CRI on a dual-stack bridge, then
+// between gVisor pods started through CRI on a dual-stack bridge (RoCEv2
+// too: within a tenant whose tier grants RDMA to both pods it passes, across
+// tenants that both hold the grant it drops, without the grant it drops), then
 // replays issue 13's layer-2 attacks from a pod's network namespace (as a
 // sandbox with raw sockets, or a compromised one, would write them): a
 // router advertisement must not change another pod's routes, and an ARP
@@ -38,8 +41,8 @@ func TestDualStackFenceThroughCRI(t *testing.T) {
 	defer cancel()
 
 	server := "exec netprobe serve tcp:8080 udp:9090 udp:4791"
-	run := func(name, ns string) dsPod {
-		cfg := podConfig(pn.Node, name, ns, nil)
+	run := func(name, ns string, annotations map[string]string) dsPod {
+		cfg := podConfig(pn.Node, name, ns, annotations)
 		id, err := runPod(ctx, pn.Node, cfg)
 		if err != nil {
 			t.Fatalf("pod %s/%s: %v", ns, name, err)
@@ -70,16 +73,24 @@ func TestDualStackFenceThroughCRI(t *testing.T) {
 		p.netns = sandboxNetNS(t, st.GetInfo())
 		return p
 	}
-	a1, a2 := run("a1", "agents"), run("a2", "agents")
-	r1, r2 := run("r1", "research"), run("r2", "research")
+	// agents (untrusted) may not ask for RDMA; research (standard) and
+	// platform (trusted) pods ask for it and their tiers grant it.
+	withRDMA := map[string]string{policy.AnnotationRDMA: "true"}
+	a1, a2 := run("a1", "agents", nil), run("a2", "agents", nil)
+	r1, r2 := run("r1", "research", withRDMA), run("r2", "research", withRDMA)
+	p1 := run("p1", "platform", withRDMA)
 	fence := pn.fence(t)
 	eps, err := fence.Endpoints()
 	if err != nil {
 		t.Fatal(err)
 	}
+	granted := map[string]bool{r1.id: true, r2.id: true, p1.id: true}
 	for _, e := range eps {
 		if !e.IPv4.IsValid() || !e.IPv6.IsValid() || !e.LinkLocal.IsValid() || len(e.MAC) != 6 {
 			t.Errorf("endpoint %.12s registered without both families and its link layer: %+v", e.SandboxID, e)
+		}
+		if e.AllowRDMA != granted[e.SandboxID] {
+			t.Errorf("endpoint %.12s registered with AllowRDMA %v, want %v", e.SandboxID, e.AllowRDMA, granted[e.SandboxID])
 		}
 	}
 	drops := func(tenant string) map[netpol.Reason]uint64 {
@@ -139,6 +150,22 @@ func TestDualStackFenceThroughCRI(t *testing.T) {
 			}
 			if after := drops("agents")[netpol.ReasonRDMA]; after <= rdma {
 				t.Errorf("agents rdma drops did not grow (%d -> %d)", rdma, after)
+			}
+			// RoCEv2 where both ends hold the grant: within the tenant it
+			// passes both ways; to another tenant's granted pod it drops.
+			for _, pair := range [][2]dsPod{{r1, r2}, {r2, r1}} {
+				if !probe(pair[0], pair[1], "roce", v6) {
+					t.Errorf("RoCEv2 %s -> %s (research, both granted) failed", pair[0].name, pair[1].name)
+				}
+			}
+			before = drops("research")[netpol.ReasonTenant] + drops("platform")[netpol.ReasonTenant]
+			for _, pair := range [][2]dsPod{{r1, p1}, {p1, r1}} {
+				if probe(pair[0], pair[1], "roce", v6) {
+					t.Errorf("RoCEv2 %s -> %s (research <-> platform, both granted) passed", pair[0].name, pair[1].name)
+				}
+			}
+			if after := drops("research")[netpol.ReasonTenant] + drops("platform")[netpol.ReasonTenant]; after < before+2 {
+				t.Errorf("research and platform tenant drops grew by %d, want at least 2", after-before)
 			}
 		})
 	}
@@ -221,9 +248,9 @@ func TestDualStackFenceThroughCRI(t *testing.T) {
 			t.Errorf("agents spoof drops grew by %d, want at least 2", after-before)
 		}
 	})
-	t.Logf("drop counters: research %v, agents %v", drops("research"), drops("agents"))
+	t.Logf("drop counters: research %v, agents %v, platform %v", drops("research"), drops("agents"), drops("platform"))
 
-	for _, p := range []dsPod{a1, a2, r1, r2} {
+	for _, p := range []dsPod{a1, a2, r1, r2, p1} {
 		if err := removePod(ctx, pn.Node, p.id); err != nil {
 			t.Fatal(err)
 		}
