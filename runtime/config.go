@@ -12,6 +12,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/bulkhead-runtime/bulkhead/mig/inject"
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
@@ -129,6 +130,10 @@ type MIGConfig struct {
 	// MockState is the file the mock node keeps its instances in, shared by
 	// every shim on the node.
 	MockState string `toml:"mock_state"`
+	// CDISpecDir is where the shim writes a CDI spec for each pod's GPU or
+	// MIG slice (bulkhead.dev/gpu=<UUID>, one file per sandbox), removed
+	// when the pod's reservation is released; "" writes none.
+	CDISpecDir string `toml:"cdi_spec_dir"`
 }
 
 // RDMAConfig names the RDMA devices each tenant owns. Hardware RDMA
@@ -190,7 +195,7 @@ func DefaultConfig() Config {
 		ContainerdState: "/run/containerd",
 		Runsc:           RunscConfig{Platform: "systrap", Network: "sandbox"},
 		Pipeline:        PipelineConfig{Enabled: true},
-		MIG:             MIGConfig{Backend: "none", MockModel: "h200", MockGPUs: 1, MockState: "/var/lib/bulkhead/mock-gpus.json"},
+		MIG:             MIGConfig{Backend: "none", MockModel: "h200", MockGPUs: 1, MockState: "/var/lib/bulkhead/mock-gpus.json", CDISpecDir: inject.DefaultCDISpecDir},
 		Netpol:          NetpolConfig{Enabled: true, PinDir: "/sys/fs/bpf/bulkhead", LockPath: "/run/bulkhead/netpol.lock"},
 	}
 }
@@ -324,6 +329,9 @@ func (c Config) ValidateFor(use ConfigUse) error {
 		}
 	default:
 		return fmt.Errorf("mig.backend: %q is not one of none, mock, nvml", c.MIG.Backend)
+	}
+	if c.MIG.CDISpecDir != "" && !filepath.IsAbs(c.MIG.CDISpecDir) {
+		return fmt.Errorf("mig.cdi_spec_dir: %q must be an absolute path (or \"\" to write no CDI specs)", c.MIG.CDISpecDir)
 	}
 	if _, err := c.Netpol.cluster(); err != nil {
 		return err

@@ -27,7 +27,7 @@
 // and sysctls the spec shares, the node's GPUs); reserve (in one bbolt
 // transaction: usage, the decision again with it for quotas, the GPU
 // placement); gpu (a MIG instance on runc, a whole GPU in gVisor, injected
-// into the spec); sandbox (the task service creates it); fence (the pod's
+// into the spec, and a CDI spec for it in mig.cdi_spec_dir); sandbox (the task service creates it); fence (the pod's
 // host veth registered in the eBPF maps); activate. A failure at any step
 // unwinds the steps taken, in reverse. The decision must name the runtime
 // the shim runs (runtime.handler_mismatch otherwise).
@@ -39,8 +39,8 @@
 // containerd's default set, host namespaces, sysctls — then the RDMA grant
 // and the pod's GPU. A refused container is never created.
 //
-// On the sandbox's delete: fence entry, MIG instance and reservation are
-// released, then the record. What a crash leaves is repaired by GC: every
+// On the sandbox's delete: fence entry, MIG instance, CDI spec and
+// reservation are released, then the record. What a crash leaves is repaired by GC: every
 // shim runs it when it opens the pipeline, and `bulkhead node gc` on
 // demand. A sandbox is alive while its shim runs or runsc/runc still hold
 // state for it; GC never frees what a live container may use.

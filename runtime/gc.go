@@ -25,11 +25,13 @@ type GCReport struct {
 	Endpoints []string `json:"endpoints"`
 	// Instances are orphaned MIG instances destroyed ("gpu/gi").
 	Instances []string `json:"instances"`
+	// CDISpecs are the sandboxes whose orphaned CDI specs were removed.
+	CDISpecs []string `json:"cdi_specs"`
 }
 
 // Empty reports whether the pass found nothing to repair.
 func (r GCReport) Empty() bool {
-	return len(r.Released)+len(r.Records)+len(r.Endpoints)+len(r.Instances) == 0
+	return len(r.Released)+len(r.Records)+len(r.Endpoints)+len(r.Instances)+len(r.CDISpecs) == 0
 }
 
 // SandboxAlive reports whether sandbox id still exists on the node: its
@@ -142,8 +144,11 @@ func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
 			errs = append(errs, err)
 		}
 	}
+	if err := p.removeOrphanCDISpecs(&rep); err != nil {
+		errs = append(errs, err)
+	}
 	if !rep.Empty() {
-		log.G(ctx).Infof("gc: released %v, records %v, endpoints %v, instances %v", rep.Released, rep.Records, rep.Endpoints, rep.Instances)
+		log.G(ctx).Infof("gc: released %v, records %v, endpoints %v, instances %v, cdi specs %v", rep.Released, rep.Records, rep.Endpoints, rep.Instances, rep.CDISpecs)
 	}
 	return rep, errors.Join(errs...)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
-	"github.com/bulkhead-runtime/bulkhead/mig/inject"
 	"github.com/bulkhead-runtime/bulkhead/mig/mocknode"
 	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
 	"github.com/bulkhead-runtime/bulkhead/netpol"
@@ -432,78 +431,6 @@ func (p *Pipeline) placeGPU(sb *Sandbox, d policy.Decision, req *policy.GPUReque
 	return pl, nil
 }
 
-// setupGPU creates the MIG instance of a slice and injects the devices.
-func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.Spec) error {
-	if res.GPU == nil {
-		return nil
-	}
-	if err := p.fail(StepGPU); err != nil {
-		return err
-	}
-	if res.GPU.Profile != mig.WholeGPUProfile {
-		in, err := p.backend.Create(res.GPU.GPU, res.GPU.Profile, res.GPU.Start)
-		if err != nil {
-			return fmt.Errorf("gpu %d: create %s at %d: %w", res.GPU.GPU, res.GPU.Profile, res.GPU.Start, err)
-		}
-		res.Instance = &in
-		if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
-			return err
-		}
-	}
-	return p.InjectGPU(res, spec)
-}
-
-// InjectGPU gives the container of spec the pod's GPU: the MIG instance's
-// (or whole GPU's) UUID in NVIDIA_VISIBLE_DEVICES and, where the driver is
-// loaded, its device nodes and cgroup rules. Every container of the pod
-// gets it, the sandbox's at sandbox create and each other at its own.
-func (p *Pipeline) InjectGPU(res *Reservation, spec *specs.Spec) error {
-	if res == nil || res.GPU == nil {
-		return nil
-	}
-	var info mig.GPUInfo
-	infos, err := p.backend.GPUs()
-	if err != nil {
-		return err
-	}
-	for _, g := range infos {
-		if g.Index == res.GPU.GPU {
-			info = g
-		}
-	}
-	visible := info.UUID
-	if res.Instance != nil {
-		visible = res.Instance.UUID
-	}
-	if spec.Annotations == nil {
-		spec.Annotations = map[string]string{}
-	}
-	spec.Annotations["bulkhead.dev/gpu-placement"] = res.GPU.String()
-	opts := []inject.SpecOpt{inject.WithVisibleDevices(visible)}
-	// Device nodes exist only where the NVIDIA driver is loaded; the mock
-	// backend has none, and the sandbox gets the placement and the UUID.
-	if majors, err := inject.ParseProcDevices(p.procDevices()); err == nil && majors.Nvidia != 0 {
-		if res.Instance != nil {
-			minors, err := inject.ParseMIGMinors(inject.DefaultMIGMinorsPath)
-			if err != nil {
-				return fmt.Errorf("gpu %d: %w", res.GPU.GPU, err)
-			}
-			opts = append(opts, inject.WithMIGDevice(majors, minors, *res.Instance))
-		} else {
-			opts = append(opts, inject.WithEdits(inject.ControlEdits(majors).Merge(inject.WholeGPUEdits(majors, info))))
-		}
-	}
-	return inject.ApplySpecOpts(spec, opts...)
-}
-
-// procDevices is where the driver's character-device majors are listed.
-func (p *Pipeline) procDevices() string {
-	if p.cfg.MIG.Backend == "mock" {
-		return "" // the mock has no driver; never pick up a real one
-	}
-	return "/proc/devices"
-}
-
 // RDMAGrant is the RDMA device fence for the pod's containers: nothing
 // unless the policy grants RDMA on the tenant's own VF and the pod asked.
 func (p *Pipeline) RDMAGrant(a *Admission, sb *Sandbox) rdma.Grant {
@@ -578,7 +505,8 @@ func (p *Pipeline) activate(a *Admission) error {
 }
 
 // Release undoes everything the ledger says sandbox id holds, in reverse:
-// fence entry, MIG instance, reservation. Releasing twice is harmless.
+// fence entry, MIG instance, CDI spec, reservation. Releasing twice is
+// harmless.
 func (p *Pipeline) Release(ctx context.Context, id string) error {
 	var res *Reservation
 	if err := p.ledger.View(func(tx *LedgerTx) error {
@@ -598,6 +526,9 @@ func (p *Pipeline) Release(ctx context.Context, id string) error {
 		if err := p.backend.Destroy(res.Instance.GPU, res.Instance.GI, res.Instance.CI); err != nil {
 			errs = append(errs, fmt.Errorf("gpu %d gi %d: %w", res.Instance.GPU, res.Instance.GI, err))
 		}
+	}
+	if err := p.removeCDISpec(id); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		// Keep the reservation so a later GC pass retries.

@@ -2,21 +2,29 @@ package inject
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
+	"strings"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdi "tags.cncf.io/container-device-interface/specs-go"
 )
 
-// CDIKind is the CDI kind ("vendor/class") of Bulkhead's GPU devices.
-const CDIKind = "bulkhead.dev/gpu"
-
-var (
-	cdiKindRE   = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$`)
-	cdiDeviceRE = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9_.:-]*[a-zA-Z0-9])?$`)
+const (
+	// CDIKind is the CDI kind ("vendor/class") of Bulkhead's GPU devices.
+	CDIKind = "bulkhead.dev/gpu"
+	// DefaultCDISpecDir is the directory of dynamic CDI specs that
+	// CDI-aware runtimes and tools read.
+	DefaultCDISpecDir = "/var/run/cdi"
+	// CDIAnnotation is the OCI annotation that names a container's CDI
+	// devices, in CDI's own format (key cdi.k8s.io/<plugin>_<device>,
+	// value a comma-separated list of qualified device names), so that
+	// CDI tooling reading the container's spec finds the devices.
+	CDIAnnotation = "cdi.k8s.io/bulkhead.dev_gpu"
 )
 
 // CDIName is the fully qualified CDI device name, e.g.
@@ -24,19 +32,37 @@ var (
 // injects the device when the name is in its CDI device list.
 func CDIName(kind, device string) string { return kind + "=" + device }
 
+func validKind(kind string) error {
+	vendor, class := parser.ParseQualifier(kind)
+	if vendor == "" {
+		return fmt.Errorf("cdi kind %q: want vendor/class (e.g. %s)", kind, CDIKind)
+	}
+	if err := parser.ValidateVendorName(vendor); err != nil {
+		return fmt.Errorf("cdi kind %q: %w", kind, err)
+	}
+	if err := parser.ValidateClassName(class); err != nil {
+		return fmt.Errorf("cdi kind %q: %w", kind, err)
+	}
+	return nil
+}
+
 // CDISpec renders devices (keyed by CDI device name) and the edits every
 // container using any of them needs (the control nodes) as a CDI spec.
+// Names are checked with CDI's own parser.
 func CDISpec(kind string, common Edits, devices map[string]Edits) (*cdi.Spec, error) {
-	if !cdiKindRE.MatchString(kind) {
-		return nil, fmt.Errorf("cdi kind %q: want vendor/class (e.g. %s)", kind, CDIKind)
+	if err := validKind(kind); err != nil {
+		return nil, err
 	}
 	if len(devices) == 0 {
 		return nil, fmt.Errorf("cdi spec %s: no devices", kind)
 	}
 	names := make([]string, 0, len(devices))
-	for n := range devices {
-		if !cdiDeviceRE.MatchString(n) {
-			return nil, fmt.Errorf("cdi device name %q: letters, digits, '_', '.', ':' and '-' only, starting and ending alphanumeric", n)
+	for n, e := range devices {
+		if err := parser.ValidateDeviceName(n); err != nil {
+			return nil, fmt.Errorf("cdi device name %q: %w", n, err)
+		}
+		if len(e.Env) == 0 && len(e.Devices) == 0 {
+			return nil, fmt.Errorf("cdi device %s: no edits", n)
 		}
 		names = append(names, n)
 	}
@@ -64,9 +90,31 @@ func cdiEdits(e Edits) cdi.ContainerEdits {
 	return out
 }
 
-// WriteCDISpec writes spec as JSON to dir/<vendor>-<class>.json atomically
-// (CDI readers may scan the directory at any time) and returns the path.
-func WriteCDISpec(dir string, spec *cdi.Spec) (string, error) {
+// cdiSpecFile is the file of owner's spec of kind in dir, named as CDI
+// names transient specs (<vendor>-<class>_<owner>.json): a spec whose life
+// is tied to one owner, here a sandbox.
+func cdiSpecFile(dir, kind, owner string) (string, error) {
+	if err := validKind(kind); err != nil {
+		return "", err
+	}
+	if !filepath.IsAbs(dir) {
+		return "", fmt.Errorf("cdi spec dir %q: must be an absolute path", dir)
+	}
+	if owner == "" || owner[0] == '.' || strings.Trim(owner, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != "" {
+		return "", fmt.Errorf("cdi spec owner %q: letters, digits, '_', '.' and '-' only, not starting with '.'", owner)
+	}
+	vendor, class := parser.ParseQualifier(kind)
+	return filepath.Join(dir, vendor+"-"+class+"_"+owner+".json"), nil
+}
+
+// WriteCDISpec writes owner's spec to dir atomically (CDI readers may scan
+// the directory at any time; the temporary file's name is not one they
+// read) and returns its path. Writing again replaces it.
+func WriteCDISpec(dir, owner string, spec *cdi.Spec) (string, error) {
+	path, err := cdiSpecFile(dir, spec.Kind, owner)
+	if err != nil {
+		return "", err
+	}
 	if err := cdi.ValidateVersion(spec); err != nil {
 		return "", fmt.Errorf("cdi spec %s: %w", spec.Kind, err)
 	}
@@ -75,13 +123,11 @@ func WriteCDISpec(dir string, spec *cdi.Spec) (string, error) {
 		return "", err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
+		return "", fmt.Errorf("cdi spec dir: %w", err)
 	}
-	name := regexp.MustCompile(`[^a-zA-Z0-9_.-]`).ReplaceAllString(spec.Kind, "-") + ".json"
-	path := filepath.Join(dir, name)
-	tmp, err := os.CreateTemp(dir, "."+name+"-*")
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*")
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("cdi spec dir: %w", err)
 	}
 	defer os.Remove(tmp.Name())
 	if _, err := tmp.Write(data); err != nil {
@@ -96,4 +142,64 @@ func WriteCDISpec(dir string, spec *cdi.Spec) (string, error) {
 		return "", err
 	}
 	return path, os.Rename(tmp.Name(), path)
+}
+
+// RemoveCDISpec removes owner's spec of kind from dir. Removing a spec
+// that does not exist succeeds, so release and GC may repeat it.
+func RemoveCDISpec(dir, kind, owner string) error {
+	path, err := cdiSpecFile(dir, kind, owner)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("cdi spec: %w", err)
+	}
+	return nil
+}
+
+// CDISpecOwners lists the owners of the specs of kind in dir, sorted. A
+// directory that does not exist holds none.
+func CDISpecOwners(dir, kind string) ([]string, error) {
+	if err := validKind(kind); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cdi spec dir: %w", err)
+	}
+	vendor, class := parser.ParseQualifier(kind)
+	prefix := vendor + "-" + class + "_"
+	var owners []string
+	for _, e := range entries {
+		owner, ok := strings.CutSuffix(strings.TrimPrefix(e.Name(), prefix), ".json")
+		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), prefix) || !ok || owner == "" {
+			continue
+		}
+		owners = append(owners, owner)
+	}
+	sort.Strings(owners)
+	return owners, nil
+}
+
+// WithCDIDevices names the container's CDI devices in CDIAnnotation,
+// replacing whatever the pod author set there.
+func WithCDIDevices(names ...string) SpecOpt {
+	return func(s *specs.Spec) error {
+		if len(names) == 0 {
+			return fmt.Errorf("%s: no device names", CDIAnnotation)
+		}
+		for _, n := range names {
+			if _, _, _, err := parser.ParseQualifiedName(n); err != nil {
+				return fmt.Errorf("%s: %w", CDIAnnotation, err)
+			}
+		}
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[CDIAnnotation] = strings.Join(names, ",")
+		return nil
+	}
 }

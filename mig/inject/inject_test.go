@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdi "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
@@ -166,6 +168,8 @@ func TestSpecOpts(t *testing.T) {
 
 func itoa(v int64) string { b, _ := json.Marshal(v); return string(b) }
 
+// The spec Bulkhead writes is one the CDI library itself reads, validates
+// and injects: the device nodes and environment of the slice, nothing else.
 func TestCDISpec(t *testing.T) {
 	minors, _ := ParseMIGMinors("testdata/mig-minors")
 	inst := testInstance()
@@ -178,19 +182,16 @@ func TestCDISpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	path, err := WriteCDISpec(dir, spec)
+	path, err := WriteCDISpec(dir, "sb1", spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if path != filepath.Join(dir, "bulkhead.dev-gpu.json") {
+	if path != filepath.Join(dir, "bulkhead.dev-gpu_sb1.json") {
 		t.Fatalf("path %s", path)
 	}
 	data, _ := os.ReadFile(path)
 	var back cdi.Spec
 	if err := json.Unmarshal(data, &back); err != nil {
-		t.Fatal(err)
-	}
-	if err := cdi.ValidateVersion(&back); err != nil {
 		t.Fatal(err)
 	}
 	if back.Kind != CDIKind || len(back.Devices) != 1 || back.Devices[0].Name != "MIG-1234" ||
@@ -201,8 +202,43 @@ func TestCDISpec(t *testing.T) {
 	if n := back.Devices[0].ContainerEdits.DeviceNodes[2]; n.Path != "/dev/nvidia-caps/nvidia-cap157" || n.Major != 235 || n.Minor != 157 || n.Permissions != "r" {
 		t.Fatalf("ci node %+v", n)
 	}
-	if CDIName(CDIKind, inst.UUID) != "bulkhead.dev/gpu=MIG-1234" {
-		t.Fatal(CDIName(CDIKind, inst.UUID))
+	name := CDIName(CDIKind, inst.UUID)
+	if name != "bulkhead.dev/gpu=MIG-1234" {
+		t.Fatal(name)
+	}
+	// CDI's own reader validates the file (schema rules, names, edits).
+	if _, err := cdilib.ReadSpec(path, 0); err != nil {
+		t.Fatalf("CDI refuses the spec: %v", err)
+	}
+	// A CDI-aware runtime resolves the name from the directory and gives
+	// the container what WithMIGDevice gives it.
+	cache, err := cdilib.NewCache(cdilib.WithSpecDirs(dir), cdilib.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := cache.GetErrors(); len(errs) > 0 {
+		t.Fatalf("CDI cache errors: %v", errs)
+	}
+	viaCDI := &specs.Spec{Process: &specs.Process{}}
+	if unresolved, err := cache.InjectDevices(viaCDI, name); err != nil {
+		t.Fatalf("inject %s: %v (unresolved %v)", name, err, unresolved)
+	}
+	direct := &specs.Spec{}
+	if err := ApplySpecOpts(direct, WithMIGDevice(testMajors, minors, inst)); err != nil {
+		t.Fatal(err)
+	}
+	paths := func(s *specs.Spec) (out []string) {
+		for _, d := range s.Linux.Devices {
+			out = append(out, d.Path)
+		}
+		sort.Strings(out)
+		return out
+	}
+	if got, want := paths(viaCDI), paths(direct); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("CDI injects %v, WithMIGDevice %v", got, want)
+	}
+	if strings.Join(viaCDI.Process.Env, " ") != "NVIDIA_VISIBLE_DEVICES=MIG-1234" {
+		t.Fatalf("CDI env %v", viaCDI.Process.Env)
 	}
 	bad := []struct {
 		kind string
@@ -210,12 +246,81 @@ func TestCDISpec(t *testing.T) {
 		want string
 	}{
 		{"bulkhead", map[string]Edits{"a": e}, `cdi kind "bulkhead"`},
+		{"bulkhead.dev/g pu", map[string]Edits{"a": e}, `cdi kind "bulkhead.dev/g pu"`},
 		{CDIKind, map[string]Edits{"bad name": e}, `cdi device name "bad name"`},
+		{CDIKind, map[string]Edits{"a": {}}, "cdi device a: no edits"},
 		{CDIKind, nil, "no devices"},
 	}
 	for _, b := range bad {
 		if _, err := CDISpec(b.kind, Edits{}, b.devs); err == nil || !strings.Contains(err.Error(), b.want) {
 			t.Errorf("CDISpec(%q): %v, want %q", b.kind, err, b.want)
 		}
+	}
+}
+
+// Specs are files of their owner: written, listed and removed by owner, and
+// removing twice or listing a missing directory is no error.
+func TestCDISpecFiles(t *testing.T) {
+	dir := t.TempDir()
+	spec, err := CDISpec(CDIKind, Edits{}, map[string]Edits{"GPU-1": {Env: []string{"NVIDIA_VISIBLE_DEVICES=GPU-1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, owner := range []string{"b2", "a1"} {
+		if _, err := WriteCDISpec(dir, owner, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Not ours: another vendor's spec and a file that only looks close.
+	for _, f := range []string{"nvidia.com-gpu.json", "bulkhead.dev-gpu_x.yaml", ".bulkhead.dev-gpu_c3.json-123"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owners, err := CDISpecOwners(dir, CDIKind)
+	if err != nil || strings.Join(owners, ",") != "a1,b2" {
+		t.Fatalf("owners %v, %v", owners, err)
+	}
+	for range 2 {
+		if err := RemoveCDISpec(dir, CDIKind, "a1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if owners, _ := CDISpecOwners(dir, CDIKind); strings.Join(owners, ",") != "b2" {
+		t.Fatalf("after remove: %v", owners)
+	}
+	if owners, err := CDISpecOwners(filepath.Join(dir, "missing"), CDIKind); err != nil || owners != nil {
+		t.Fatalf("missing dir: %v %v", owners, err)
+	}
+	bad := []struct {
+		dir, owner, want string
+	}{
+		{"relative", "a", `cdi spec dir "relative": must be an absolute path`},
+		{dir, "../x", `cdi spec owner "../x"`},
+		{dir, ".hidden", `cdi spec owner ".hidden"`},
+		{dir, "", `cdi spec owner ""`},
+	}
+	for _, b := range bad {
+		if _, err := WriteCDISpec(b.dir, b.owner, spec); err == nil || !strings.Contains(err.Error(), b.want) {
+			t.Errorf("WriteCDISpec(%q, %q): %v, want %q", b.dir, b.owner, err, b.want)
+		}
+	}
+}
+
+func TestWithCDIDevices(t *testing.T) {
+	s := &specs.Spec{Annotations: map[string]string{CDIAnnotation: "bulkhead.dev/gpu=GPU-forged"}}
+	if err := WithCDIDevices(CDIName(CDIKind, "MIG-1"))(s); err != nil {
+		t.Fatal(err)
+	}
+	// CDI's own annotation parser reads what Bulkhead wrote.
+	keys, devices, err := cdilib.ParseAnnotations(s.Annotations)
+	if err != nil || len(keys) != 1 || keys[0] != CDIAnnotation || len(devices) != 1 || devices[0] != "bulkhead.dev/gpu=MIG-1" {
+		t.Fatalf("CDI reads %v %v %v", keys, devices, err)
+	}
+	if key, err := cdilib.AnnotationKey("bulkhead.dev", "gpu"); err != nil || key != CDIAnnotation {
+		t.Fatalf("CDI's key for plugin bulkhead.dev, device gpu: %q %v", key, err)
+	}
+	if err := WithCDIDevices("MIG-1")(s); err == nil {
+		t.Fatal("an unqualified name was accepted")
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/mig/inject"
 	"github.com/bulkhead-runtime/bulkhead/mig/mocknode"
 	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
 	"github.com/bulkhead-runtime/bulkhead/netpol"
@@ -29,6 +30,7 @@ type pipelineNode struct {
 	pinDir   string
 	failFile string
 	mockPath string
+	cdiDir   string // the node's mig.cdi_spec_dir (test/node sets it)
 }
 
 const e2eTenants = `{"bulkhead": {"tenants": {
@@ -67,6 +69,7 @@ func startPipelineNodeWith(t testing.TB, dualStack bool) *pipelineNode {
 		pinDir:   fmt.Sprintf("/sys/fs/bpf/bh-e2e-%d-%d", os.Getpid(), seq),
 		failFile: filepath.Join(dir, "fail-at"),
 		mockPath: filepath.Join(dir, "mock-gpus.json"),
+		cdiDir:   filepath.Join(dir, "cdi"),
 	}
 	if err := os.WriteFile(pn.failFile, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -150,6 +153,19 @@ func (pn *pipelineNode) assertNodeClean(t *testing.T) {
 	if insts := pn.migInstances(t); len(insts) != 0 {
 		t.Errorf("MIG instances left: %+v", insts)
 	}
+	if owners := pn.cdiSpecs(t); len(owners) != 0 {
+		t.Errorf("CDI specs left for sandboxes %v", owners)
+	}
+}
+
+// cdiSpecs lists the sandboxes that have a CDI spec on the node.
+func (pn *pipelineNode) cdiSpecs(t *testing.T) []string {
+	t.Helper()
+	owners, err := inject.CDISpecOwners(pn.cdiDir, inject.CDIKind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return owners
 }
 
 func TestPipelineFencesTenantsAndReleasesEverything(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,6 +65,12 @@ func TestRuncTierPlacesMIGSlices(t *testing.T) {
 	if len(res) != 1 || res[0].Instance == nil || res[0].Instance.UUID != insts[0].UUID {
 		t.Errorf("ledger: %+v, want the pod's reservation holding the instance", res)
 	}
+	// The slice's CDI spec: one per sandbox, naming the instance.
+	if owners := pn.cdiSpecs(t); len(owners) != 1 || owners[0] != id {
+		t.Errorf("CDI specs for sandboxes %v, want the pod's %s", owners, id)
+	} else if data, err := os.ReadFile(filepath.Join(pn.cdiDir, "bulkhead.dev-gpu_"+id+".json")); err != nil || !strings.Contains(string(data), `"name": "`+insts[0].UUID+`"`) {
+		t.Errorf("CDI spec of the pod: %v\n%s", err, data)
+	}
 	if out, err := exec.CommandContext(ctx, bulkheadCLI(t), "node", "status", "--config", pn.ShimConf).CombinedOutput(); err != nil || !strings.Contains(string(out), insts[0].UUID) {
 		t.Errorf("bulkhead node status does not list the instance %s: %v\n%s", insts[0].UUID, err, out)
 	}
@@ -108,6 +115,9 @@ func TestRuncTierPlacesMIGSlices(t *testing.T) {
 	}
 	if res := pn.ledger(t); len(res) != 0 {
 		t.Errorf("ledger after removal: %d reservations", len(res))
+	}
+	if owners := pn.cdiSpecs(t); len(owners) != 0 {
+		t.Errorf("CDI specs after removal: %v", owners)
 	}
 }
 

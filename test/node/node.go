@@ -599,6 +599,7 @@ backend = "mock"
 mock_model = %q
 mock_gpus = %d
 mock_state = %q
+cdi_spec_dir = %q
 [netpol]
 enabled = true
 pin_dir = %q
@@ -608,6 +609,6 @@ cluster_cidrs = [%q%s]
 untrusted = ["%s/32"%s]
 standard = ["%s/32"%s]
 trusted = ["%s/32"%s]
-`, policyConf, filepath.Join(dir, "decisions.log"), p.MockModel, p.MockGPUs, filepath.Join(dir, "mock-gpus.json"),
+`, policyConf, filepath.Join(dir, "decisions.log"), p.MockModel, p.MockGPUs, filepath.Join(dir, "mock-gpus.json"), filepath.Join(dir, "cdi"),
 		p.PinDir, filepath.Join(dir, "netpol.lock"), subnet, cidr6, gw, gw6, gw, gw6, gw, gw6), nil
 }
