@@ -204,10 +204,13 @@ func (c *stepCounter) TraceEvent(ev topdown.Event) {
 // regoSteps is the mean number of expression evaluations per decision over
 // inputs. Decision latency on a given machine is roughly proportional to it.
 func regoSteps(b testing.TB, e *Engine, inputs []Input) float64 {
-	snap := e.active.Load()
+	interp, err := e.active.Load().interpreter(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
 	var c stepCounter
 	for i := range inputs {
-		if _, err := snap.decision.Eval(context.Background(), rego.EvalParsedInput(inputs[i].astValue()), rego.EvalQueryTracer(&c)); err != nil {
+		if _, err := interp.decision.Eval(context.Background(), rego.EvalParsedInput(inputs[i].astValue()), rego.EvalQueryTracer(&c)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -299,4 +302,39 @@ func decideLoop(b *testing.B, e *Engine, inputs []Input) {
 		}
 		i++
 	}
+}
+
+// BenchmarkOpen opens the default bundle as a node's shim does: a signed
+// tarball, verified, with the tenants as a data file, compiled and planned
+// (compile) or read from the plan cache (plan-cache-hit). Every Bulkhead
+// shim pays it once, on its pod's start.
+func BenchmarkOpen(b *testing.B) {
+	opts := signedDefaultOptions(b)
+	b.Run("compile", func(b *testing.B) {
+		for range b.N {
+			e, err := Open(context.Background(), opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e.Close()
+		}
+	})
+	opts.PlanCacheDir = filepath.Join(b.TempDir(), "cache")
+	if e, err := Open(context.Background(), opts); err != nil {
+		b.Fatal(err)
+	} else {
+		e.Close()
+	}
+	b.Run("plan-cache-hit", func(b *testing.B) {
+		for range b.N {
+			e, err := Open(context.Background(), opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if !e.active.Load().fromCache {
+				b.Fatal("plan cache missed")
+			}
+			e.Close()
+		}
+	})
 }

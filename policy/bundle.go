@@ -52,19 +52,25 @@ func readBundle(path string, vc *bundle.VerificationConfig, lim bundleLimits) (*
 		return nil, "", err
 	}
 	var raw []byte
-	if info.IsDir() {
-		if err := checkDirectory(path, lim); err != nil {
-			return nil, "", err
-		}
-	} else {
+	if !info.IsDir() {
 		// Read once and check what was read: the file may change on disk
 		// between a check and a second read.
 		if raw, err = readAtMost(path, lim.bytes); err != nil {
 			return nil, "", err
 		}
-		if err := checkTarball(raw, lim); err != nil {
+	}
+	return readBundleFrom(path, raw, vc, lim)
+}
+
+// readBundleFrom is readBundle of the tarball raw, read from path, or of
+// the directory path when raw is nil.
+func readBundleFrom(path string, raw []byte, vc *bundle.VerificationConfig, lim bundleLimits) (*bundle.Bundle, string, error) {
+	if raw == nil {
+		if err := checkDirectory(path, lim); err != nil {
 			return nil, "", err
 		}
+	} else if err := checkTarball(raw, lim); err != nil {
+		return nil, "", err
 	}
 	var loader bundle.DirectoryLoader
 	if raw == nil {
@@ -188,21 +194,18 @@ func contentRevision(b *bundle.Bundle) string {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))[:12]
 }
 
-// mergeDataFile merges the JSON object in path into b.Data. A value the
-// bundle already sets may not be redefined; objects merge key by key.
-func mergeDataFile(b *bundle.Bundle, path string, limit int64) error {
-	raw, err := readAtMost(path, limit)
-	if err != nil {
-		return err
-	}
+// mergeData merges the JSON object raw (the data file's content) into
+// b.Data. A value the bundle already sets may not be redefined; objects
+// merge key by key.
+func mergeData(b *bundle.Bundle, raw []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var extra map[string]any
 	if err := dec.Decode(&extra); err != nil {
-		return fmt.Errorf("%s: want a JSON object: %w", filepath.Base(path), err)
+		return fmt.Errorf("want a JSON object: %w", err)
 	}
 	if err := onlyTenants(extra); err != nil {
-		return fmt.Errorf("%s: %w", filepath.Base(path), err)
+		return err
 	}
 	if b.Data == nil {
 		b.Data = map[string]any{}

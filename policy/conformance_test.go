@@ -185,7 +185,7 @@ func prepareCase(ctx context.Context, c conformanceCase) (p *conformanceProgram,
 		return nil, "", err
 	}
 	// The engine's own path decides whether the plan runs.
-	if _, err := planQuery(ctx, compiler, query); err != nil {
+	if _, _, err := planQuery(ctx, compiler, query); err != nil {
 		if !errors.Is(err, irvm.ErrUnsupported) {
 			return nil, "", fmt.Errorf("plan: %w", err)
 		}

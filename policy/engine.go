@@ -24,6 +24,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/bundle"
+	"github.com/open-policy-agent/opa/v1/ir"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
@@ -62,12 +63,24 @@ type Engine struct {
 	idSeq    atomic.Uint64
 }
 
-// snapshot is one compiled, verified bundle. Never modified once built.
+// snapshot is one compiled, verified bundle. Never modified once built,
+// but for its interpreter, which a snapshot read from the plan cache
+// compiles on first use (interpreter).
 type snapshot struct {
 	revision    string
 	fingerprint string
-	decision    rego.PreparedEvalQuery  // OPA's interpreter: the reference
-	mask        *rego.PreparedEvalQuery // nil when the bundle defines no mask
+	// hasMask: the bundle defines MaskQuery.
+	hasMask bool
+	// fromCache: read from the plan cache (Options.PlanCacheDir).
+	fromCache bool
+
+	// interp is OPA's interpreter on the bundle, the reference, or its
+	// error; set at once, or by the first interpreter call through
+	// buildInterp for a snapshot from the plan cache.
+	interpOnce  sync.Once
+	interp      *interpreter
+	interpErr   error
+	buildInterp func(context.Context) (*interpreter, error)
 
 	// program is OPA's plan of the decision query, run by irvm, with data
 	// its base document; nil when Options.Evaluator is topdown or the plan
@@ -80,6 +93,32 @@ type snapshot struct {
 	maskProgram *irvm.Program
 	// unmaskedAnnotations is the bundle's UnmaskedAnnotationsPath.
 	unmaskedAnnotations []string
+	// plans are OPA's plans behind program and maskProgram, kept for the
+	// plan cache; nil for a snapshot read from it.
+	plans *cachedPlans
+}
+
+// interpreter is OPA's interpreter prepared on a bundle's queries.
+type interpreter struct {
+	decision rego.PreparedEvalQuery
+	mask     *rego.PreparedEvalQuery // nil when the bundle defines no mask
+}
+
+// interpreter returns OPA's interpreter on the snapshot's bundle,
+// compiling it on first use for a snapshot read from the plan cache.
+func (s *snapshot) interpreter(ctx context.Context) (*interpreter, error) {
+	s.interpOnce.Do(func() {
+		if s.interp == nil && s.buildInterp != nil {
+			s.interp, s.interpErr = s.buildInterp(ctx)
+		}
+		if s.interp == nil && s.interpErr == nil {
+			s.interpErr = errors.New("no interpreter")
+		}
+	})
+	if s.interpErr != nil {
+		return nil, fmt.Errorf("OPA's interpreter on revision %s: %w", s.revision, s.interpErr)
+	}
+	return s.interp, nil
 }
 
 // Open validates opts, loads, verifies and compiles the bundle and returns an
@@ -123,7 +162,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		e.decisions, e.closer = &lockedWriter{w: rf}, rf
 	}
 	e.active.Store(snap)
-	e.logger.Info("policy bundle active", "bundle", opts.BundlePath, "revision", snap.revision, "verified", vc != nil)
+	e.logger.Info("policy bundle active", "bundle", opts.BundlePath, "revision", snap.revision, "verified", vc != nil, "plan_cache_hit", snap.fromCache)
 	return e, nil
 }
 
@@ -187,19 +226,70 @@ func (e *Engine) load(ctx context.Context) (*snapshot, error) {
 			"bundle", e.opts.BundlePath)
 	}
 	fp := fingerprint(e.opts.BundlePath, e.opts.DataPath)
+	src, err := e.readSources()
+	if err != nil {
+		return nil, err
+	}
+	cache := e.planCache(src)
+	if cache != nil {
+		if snap := cache.load(ctx, e); snap != nil {
+			snap.fingerprint = fp
+			return snap, nil
+		}
+	}
+	snap, err := e.compileSources(ctx, src)
+	if err != nil {
+		return nil, err
+	}
+	snap.fingerprint = fp
+	if cache != nil {
+		cache.store(snap, e.logger)
+	}
+	return snap, nil
+}
+
+// sources are the bytes a snapshot is built from: the bundle (nil for a
+// directory, which readBundle reads itself) and the data file.
+type sources struct {
+	raw, data []byte
+}
+
+// readSources reads the bundle tarball and the data file once, bounded:
+// what is compiled, cached or verified is exactly what was read.
+func (e *Engine) readSources() (sources, error) {
+	var src sources
 	lim := e.opts.bundleLimits()
 	if e.opts.DataPath != "" {
 		// Bounded before the bundle is read, as the bundle is.
-		if info, err := os.Stat(e.opts.DataPath); err == nil && info.Size() > lim.bytes {
-			return nil, tooLarge("data %s is larger than MaxBundleBytes (%d bytes)"+limitKeys, filepath.Base(e.opts.DataPath), lim.bytes)
+		var err error
+		if src.data, err = readAtMost(e.opts.DataPath, lim.bytes); err != nil {
+			if errors.Is(err, ErrBundleTooLarge) {
+				return src, tooLarge("data %s is larger than MaxBundleBytes (%d bytes)"+limitKeys, filepath.Base(e.opts.DataPath), lim.bytes)
+			}
+			return src, fmt.Errorf("data %s: %w", e.opts.DataPath, err)
 		}
 	}
-	b, rev, err := readBundle(e.opts.BundlePath, e.vc, lim)
+	info, err := os.Stat(e.opts.BundlePath)
+	if err != nil {
+		return src, err
+	}
+	if !info.IsDir() {
+		if src.raw, err = readAtMost(e.opts.BundlePath, lim.bytes); err != nil {
+			return src, err
+		}
+	}
+	return src, nil
+}
+
+// compileSources verifies, compiles and probes the bundle in src.
+func (e *Engine) compileSources(ctx context.Context, src sources) (*snapshot, error) {
+	lim := e.opts.bundleLimits()
+	b, rev, err := readBundleFrom(e.opts.BundlePath, src.raw, e.vc, lim)
 	if err != nil {
 		return nil, err
 	}
 	if e.opts.DataPath != "" {
-		if err := mergeDataFile(b, e.opts.DataPath, lim.bytes); err != nil {
+		if err := mergeData(b, src.data); err != nil {
 			return nil, fmt.Errorf("data %s: %w", e.opts.DataPath, err)
 		}
 	}
@@ -207,7 +297,6 @@ func (e *Engine) load(ctx context.Context) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("revision %s: %w", rev, err)
 	}
-	snap.fingerprint = fp
 	// A bundle that cannot answer a minimal input is broken: refuse it here
 	// rather than deny every pod after the swap. The plan must answer it
 	// exactly as the interpreter does, or the interpreter decides.
@@ -226,6 +315,7 @@ func (e *Engine) load(ctx context.Context) (*snapshot, error) {
 		}
 		if err != nil || !sameValue(got, want) {
 			snap.program, snap.planNote = nil, fmt.Sprintf("the plan's probe decision differs from OPA's interpreter (%v, error %v)", got, err)
+			snap.plans = nil
 		}
 	}
 	if e.opts.Evaluator != EvaluatorTopdown && snap.program == nil {
@@ -275,12 +365,14 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 	if err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", DecisionQuery, err)
 	}
-	snap := &snapshot{revision: rev, decision: decision}
+	interp := &interpreter{decision: decision}
+	snap := &snapshot{revision: rev, interp: interp}
 	if snap.unmaskedAnnotations, err = unmaskedAnnotations(data); err != nil {
 		return nil, err
 	}
 	if withPlan {
-		if snap.program, err = planQuery(ctx, compiler, DecisionQuery); err != nil {
+		var plan *ir.Policy
+		if snap.program, plan, err = planQuery(ctx, compiler, DecisionQuery); err != nil {
 			if !errors.Is(err, irvm.ErrUnsupported) {
 				return nil, fmt.Errorf("plan %s: %w", DecisionQuery, err)
 			}
@@ -289,6 +381,7 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 			if snap.data, err = dataTerm(ctx, store); err != nil {
 				return nil, err
 			}
+			snap.plans = &cachedPlans{decision: plan}
 		}
 	}
 	if len(compiler.GetRulesExact(ast.MustParseRef(MaskQuery))) > 0 {
@@ -296,11 +389,17 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 		if err != nil {
 			return nil, fmt.Errorf("prepare %s: %w", MaskQuery, err)
 		}
-		snap.mask = &mask
+		interp.mask, snap.hasMask = &mask, true
 		if snap.program != nil {
 			// The mask runs in the interpreter when its plan cannot.
-			if snap.maskProgram, err = planQuery(ctx, compiler, MaskQuery); err != nil && !errors.Is(err, irvm.ErrUnsupported) {
+			var plan *ir.Policy
+			if snap.maskProgram, plan, err = planQuery(ctx, compiler, MaskQuery); err != nil && !errors.Is(err, irvm.ErrUnsupported) {
 				return nil, fmt.Errorf("plan %s: %w", MaskQuery, err)
+			}
+			if snap.maskProgram == nil {
+				snap.plans = nil // a snapshot without the mask's plan needs the interpreter: not cached
+			} else {
+				snap.plans.mask = plan
 			}
 		}
 	}
@@ -373,7 +472,11 @@ func (e *evalError) Unwrap() error { return e.err }
 
 // evalTopdown decides with OPA's interpreter; nil means undefined.
 func (s *snapshot) evalTopdown(ctx context.Context, input ast.Value) (ast.Value, error) {
-	rs, err := s.decision.Eval(ctx, rego.EvalParsedInput(input), rego.EvalGenerateJSON(keepAST))
+	interp, err := s.interpreter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := interp.decision.Eval(ctx, rego.EvalParsedInput(input), rego.EvalGenerateJSON(keepAST))
 	if err != nil || len(rs) == 0 || len(rs[0].Expressions) == 0 {
 		return nil, err
 	}
@@ -490,7 +593,7 @@ func (e *Engine) logDecision(ctx context.Context, snap *snapshot, in *Input, d *
 		return
 	}
 	entry.Masked = builtinMask(doc, snap.unmaskedAnnotations)
-	if snap.mask != nil {
+	if snap.hasMask {
 		masked, err := snap.applyBundleMask(ctx, doc)
 		entry.Masked = append(entry.Masked, masked...)
 		if err != nil {
@@ -521,7 +624,11 @@ func (s *snapshot) maskValue(ctx context.Context, doc map[string]any) (any, erro
 			return ast.JSON(v)
 		}
 	}
-	rs, err := s.mask.Eval(ctx, rego.EvalInput(doc))
+	interp, err := s.interpreter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := interp.mask.Eval(ctx, rego.EvalInput(doc))
 	if err != nil || len(rs) == 0 || len(rs[0].Expressions) == 0 {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/bundle"
@@ -87,6 +88,15 @@ type Options struct {
 	// several times faster.
 	Evaluator string
 
+	// PlanCacheDir is a directory where the engine keeps the compiled plan
+	// of a verified tarball bundle, keyed by a digest of the bundle's and
+	// the data file's bytes, the verification config and this binary, so
+	// that opening the same bundle again skips parsing, compiling and
+	// planning it (plancache.go). It must be an absolute path; it is created
+	// 0700, and neither it nor an entry is read unless it belongs to this
+	// process's user and is closed to everyone else. Empty: no cache.
+	PlanCacheDir string
+
 	// Logger receives the engine's own messages (loads, reloads, failures).
 	// Nil means slog.Default().
 	Logger *slog.Logger
@@ -127,6 +137,9 @@ func (o *Options) validate() error {
 		if _, err := os.Stat(o.DataPath); err != nil {
 			return fmt.Errorf("policy: Options.DataPath: %w", err)
 		}
+	}
+	if o.PlanCacheDir != "" && !filepath.IsAbs(o.PlanCacheDir) {
+		return fmt.Errorf("policy: Options.PlanCacheDir %q must be an absolute path", o.PlanCacheDir)
 	}
 	if o.MaxBundleBytes < 0 {
 		return fmt.Errorf("policy: Options.MaxBundleBytes %d must not be negative", o.MaxBundleBytes)

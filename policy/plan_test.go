@@ -312,8 +312,8 @@ func TestMaskPlanAsInterpreter(t *testing.T) {
 	if snap.maskProgram == nil {
 		t.Fatal("the default bundle's mask must run as a plan")
 	}
-	interp := *snap
-	interp.maskProgram = nil
+	// The same snapshot without the mask's plan: the interpreter masks.
+	interp := &snapshot{revision: snap.revision, hasMask: snap.hasMask, interp: snap.interp}
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(9, 9))
 	for i := range 300 {

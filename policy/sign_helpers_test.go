@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/open-policy-agent/opa/v1/bundle"
@@ -136,4 +137,38 @@ func writeBundleDir(t testing.TB, files map[string]string) string {
 		}
 	}
 	return dir
+}
+
+// signedDefaultOptions builds the default bundle as deploy/ and the e2e
+// nodes do (its modules without tests, .manifest, data.json) as a tarball
+// signed with a fresh key for scope "write", and returns the options a
+// node opens it with: that key, the demo tenants as data file.
+func signedDefaultOptions(t testing.TB) Options {
+	t.Helper()
+	dir := t.TempDir()
+	kp := newKeyPair(t, dir, "node")
+	src := filepath.Join(dir, "src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(repoPath(t, "rego/*.rego"))
+	files = append(files, repoPath(t, "rego/.manifest"), repoPath(t, "rego/data.json"))
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.rego") {
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, filepath.Base(f)), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tarball := filepath.Join(dir, "bundle.tar.gz")
+	buildBundle(t, src, tarball, &kp, "node", "write")
+	return Options{
+		BundlePath: tarball, Keys: map[string]string{"node": kp.pubPath}, KeyID: "node", Scope: "write",
+		DataPath: repoPath(t, "rego/examples/tenants.demo.json"), Logger: quietLogger(),
+	}
 }

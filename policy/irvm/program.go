@@ -270,7 +270,17 @@ func (l *loader) declare(b *ir.BuiltinFunc) error {
 func voidResult(decl *types.Function) bool { return decl.Result() == nil }
 
 func (l *loader) operand(o ir.Operand, fn *function) (operand, error) {
-	switch v := o.Value.(type) {
+	val := o.Value
+	// A plan read back from JSON (ir.Operand.UnmarshalJSON) holds pointers.
+	switch p := val.(type) {
+	case *ir.Local:
+		val = *p
+	case *ir.Bool:
+		val = *p
+	case *ir.StringIndex:
+		val = *p
+	}
+	switch v := val.(type) {
 	case ir.Local:
 		l.use(fn, int(v))
 		return operand{local: int(v)}, nil
@@ -282,7 +292,7 @@ func (l *loader) operand(o ir.Operand, fn *function) (operand, error) {
 		}
 		return operand{konst: l.p.static[v]}, nil
 	default:
-		return operand{}, fmt.Errorf("%w: operand %T", ErrUnsupported, o.Value)
+		return operand{}, fmt.Errorf("%w: operand %T", ErrUnsupported, val)
 	}
 }
 
