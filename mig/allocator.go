@@ -49,6 +49,10 @@ type GPU struct {
 	// whole-GPU request either: CUDA sees no device there without MIG
 	// capabilities, so the sandbox could not use it.
 	NoMIG bool `json:"no_mig,omitempty"`
+	// Unavailable says why the GPU takes no new placement at all, e.g. a
+	// MIG mode change that waits for a GPU reset; "" when it is usable.
+	// Placements it already holds are kept (and released as usual).
+	Unavailable string `json:"unavailable,omitempty"`
 }
 
 // NodeGPUs returns n GPUs of one model, indices 0..n-1.
@@ -203,11 +207,12 @@ func WithStrategy(s Strategy) Option { return func(a *Allocator) { a.strategy = 
 func WithStrictMIGMode() Option { return func(a *Allocator) { a.strictMIG = true } }
 
 type gpuSlot struct {
-	index      int
-	noMIG      bool
-	model      *GPUModel
-	state      gpuState
-	placements []Placement // sorted by start
+	index       int
+	noMIG       bool
+	unavailable string // GPU.Unavailable
+	model       *GPUModel
+	state       gpuState
+	placements  []Placement // sorted by start
 }
 
 // Allocator places slices over a node's GPUs. It holds no lock: the caller
@@ -245,7 +250,7 @@ func NewAllocator(gpus []GPU, existing []Placement, opts ...Option) (*Allocator,
 		if err != nil {
 			return nil, fmt.Errorf("gpu %d: %w", g.Index, err)
 		}
-		a.gpus = append(a.gpus, gpuSlot{index: g.Index, noMIG: g.NoMIG, model: m})
+		a.gpus = append(a.gpus, gpuSlot{index: g.Index, noMIG: g.NoMIG, unavailable: g.Unavailable, model: m})
 	}
 	sort.Slice(a.gpus, func(i, j int) bool { return a.gpus[i].index < a.gpus[j].index })
 	for _, p := range existing {
@@ -265,7 +270,7 @@ func FromState(st NodeState, opts ...Option) (*Allocator, error) {
 func (a *Allocator) State() NodeState {
 	st := NodeState{Placements: a.Placements()}
 	for _, g := range a.gpus {
-		st.GPUs = append(st.GPUs, GPU{Index: g.index, Model: g.model.Name, NoMIG: g.noMIG})
+		st.GPUs = append(st.GPUs, GPU{Index: g.index, Model: g.model.Name, NoMIG: g.noMIG, Unavailable: g.unavailable})
 	}
 	return st
 }
@@ -482,6 +487,10 @@ func (a *Allocator) Allocate(req Request) (Placement, error) {
 	)
 	for gi := range a.gpus {
 		g := &a.gpus[gi]
+		if g.unavailable != "" {
+			refusals = append(refusals, refusal{gpu: g.index, why: g.unavailable})
+			continue
+		}
 		if !a.modeFits(g, req.WholeGPU) {
 			refusals = append(refusals, refusal{gpu: g.index, why: g.modeMismatch()})
 			continue

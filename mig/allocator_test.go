@@ -429,3 +429,44 @@ func TestDriverOrderMatchesUserGuide(t *testing.T) {
 		}
 	}
 }
+
+// A GPU marked Unavailable (its MIG mode change waits for a reset) keeps
+// what it holds but takes nothing new, and a refusal says why.
+func TestUnavailableGPUTakesNothing(t *testing.T) {
+	const why = "MIG mode change pending a GPU reset: MIG mode is enabled, pending disabled"
+	gpus := NodeGPUs("h200", 2)
+	gpus[1].Unavailable = why
+	held := Placement{GPU: 1, Profile: "3g.71gb", Start: 4, Tenant: "t", Owner: "old"}
+	a, err := NewAllocator(gpus, []Placement{held})
+	if err != nil {
+		t.Fatalf("a placement it already holds: %v", err)
+	}
+	tests := []struct {
+		req  Request
+		want string // placement, or "error: " and a substring
+	}{
+		{Request{Owner: "a", Tenant: "t", Profile: "7g.141gb"}, "gpu0 7g.141gb@0"},
+		{Request{Owner: "b", Tenant: "t", Profile: "1g.18gb"}, "error: gpu1: " + why},
+		{Request{Owner: "c", Tenant: "t", WholeGPU: true}, "error: gpu1: " + why},
+	}
+	for i, tt := range tests {
+		p, err := a.Allocate(tt.req)
+		got := fmt.Sprintf("gpu%d %s@%d", p.GPU, p.Profile, p.Start)
+		if err != nil {
+			got = "error: " + err.Error()
+		}
+		if want, isErr := strings.CutPrefix(tt.want, "error: "); isErr {
+			if !errors.Is(err, ErrInsufficientResources) || !strings.Contains(got, want) {
+				t.Errorf("request %d: %q, want insufficient resources naming %q", i, got, want)
+			}
+		} else if got != tt.want {
+			t.Errorf("request %d: %q, want %q", i, got, tt.want)
+		}
+	}
+	if rel := a.Release("old"); len(rel) != 1 {
+		t.Errorf("release of the held slice: %+v", rel)
+	}
+	if st := a.State(); st.GPUs[1].Unavailable != why {
+		t.Errorf("state lost the reason: %+v", st.GPUs[1])
+	}
+}

@@ -2,9 +2,17 @@ package mig
 
 import "errors"
 
-// ErrMIGDisabled means the GPU is not in MIG mode. A backend never turns
-// MIG mode on as a side effect of placing a slice.
-var ErrMIGDisabled = errors.New("MIG mode disabled")
+var (
+	// ErrMIGDisabled means the GPU is not in MIG mode. A backend never turns
+	// MIG mode on as a side effect of placing a slice.
+	ErrMIGDisabled = errors.New("MIG mode disabled")
+	// ErrMIGModePending means the GPU's MIG mode was changed and the change
+	// waits for a GPU reset (NVML reports a pending mode that differs from
+	// the current one). Until the reset the GPU takes no placement: neither
+	// a slice (the mode may be on its way out) nor a whole GPU (CUDA sees
+	// none on a GPU still in MIG mode).
+	ErrMIGModePending = errors.New("MIG mode change pending a GPU reset")
+)
 
 // GPUInfo describes one physical GPU.
 type GPUInfo struct {
@@ -17,6 +25,9 @@ type GPUInfo struct {
 	Model string `json:"model"`
 	// MIGEnabled is the current MIG mode.
 	MIGEnabled bool `json:"mig_enabled"`
+	// MIGPending is set when the pending MIG mode differs from the current
+	// one: the GPU waits for a reset and takes no placement (ErrMIGModePending).
+	MIGPending bool `json:"mig_pending,omitempty"`
 }
 
 // Instance is one GPU instance and its compute instance.

@@ -7,7 +7,9 @@
 // the hardware's (not go-nvml's enum); overlapping, invalid or over-limit
 // creations fail with ERROR_INSUFFICIENT_RESOURCES; a wrong placement size
 // with ERROR_INVALID_ARGUMENT; destroying a GPU instance that still has
-// compute instances, or changing MIG mode with instances, with ERROR_IN_USE.
+// compute instances, or changing MIG mode with instances, with ERROR_IN_USE;
+// GetMigMode reports a changed mode as pending until the GPU is reset when
+// the node is built with ResetRequired.
 // It is test machinery: production code reaches it only through the shim's
 // mig.backend = "mock" setting.
 package mocknode
@@ -58,9 +60,10 @@ var hardwareProfileIDs = map[int]uint32{
 // under an exclusive flock, so several processes (one shim per pod, a GC
 // pass) share one simulated node. Every NVML call re-reads the file.
 type Node struct {
-	model  *mig.GPUModel
-	path   string // state file, "" keeps the state in memory
-	server *server.Server
+	model         *mig.GPUModel
+	path          string // state file, "" keeps the state in memory
+	server        *server.Server
+	resetRequired bool // Options.ResetRequired
 
 	mu  sync.Mutex // serialises this process's access to mem and the state file
 	mem *mockState // the state when path == ""
@@ -72,9 +75,12 @@ type mockState struct {
 }
 
 type mockGPU struct {
-	UUID    string   `json:"uuid"`
-	MIGMode int      `json:"mig_mode"`
-	GIs     []mockGI `json:"gpu_instances"`
+	UUID    string `json:"uuid"`
+	MIGMode int    `json:"mig_mode"`
+	// PendingMode is a MIG mode set but not yet applied (ResetRequired):
+	// nil when none is pending.
+	PendingMode *int     `json:"pending_mig_mode,omitempty"`
+	GIs         []mockGI `json:"gpu_instances"`
 }
 
 type mockGI struct {
@@ -98,6 +104,12 @@ type Options struct {
 	// MIGDisabled starts the GPUs with MIG mode off (default on), to test
 	// that the backend never toggles it on its own.
 	MIGDisabled bool
+	// ResetRequired makes a MIG mode change wait for Reset, as on a GPU
+	// in use or under pass-through virtualization: SetMigMode succeeds with
+	// activation status ERROR_RESET_REQUIRED and GetMigMode reports the new
+	// mode as pending until then. Without it a change applies at once, as
+	// on an idle bare-metal GPU the driver resets itself.
+	ResetRequired bool
 }
 
 // New returns an in-memory mock node of n GPUs of a model.
@@ -178,11 +190,34 @@ func newMockNode(model string, n int, opts Options) (*Node, *mockState, error) {
 	for range n {
 		st.GPUs = append(st.GPUs, mockGPU{UUID: "GPU-" + uuid.NewString(), MIGMode: mode})
 	}
-	return &Node{model: m, server: srv}, st, nil
+	return &Node{model: m, server: srv, resetRequired: opts.ResetRequired}, st, nil
 }
 
 // Interface is the node's NVML: pass it to nvmlbackend.New.
 func (n *Node) Interface() nvml.Interface { return n.server }
+
+// Reset resets GPU gpu as `nvidia-smi -r` (or a VM reboot) would: a
+// pending MIG mode takes effect. Like the driver it refuses a GPU that
+// still has MIG instances.
+func (n *Node) Reset(gpu int) error {
+	ret := n.do(true, func(st *mockState) nvml.Return {
+		if gpu < 0 || gpu >= len(st.GPUs) {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		g := &st.GPUs[gpu]
+		if len(g.GIs) > 0 {
+			return nvml.ERROR_IN_USE
+		}
+		if g.PendingMode != nil {
+			g.MIGMode, g.PendingMode = *g.PendingMode, nil
+		}
+		return nvml.SUCCESS
+	})
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("mock node: reset gpu %d: %w", gpu, ret)
+	}
+	return nil
+}
 
 // Model is the node's GPU model.
 func (n *Node) Model() *mig.GPUModel { return n.model }
@@ -327,25 +362,42 @@ func (n *Node) bind(st *mockState) {
 
 func (n *Node) bindDevice(idx int, d *server.Device) {
 	d.GetMigModeFunc = func() (int, int, nvml.Return) {
-		mode := 0
+		current, pending := 0, 0
 		ret := n.do(false, func(st *mockState) nvml.Return {
-			mode = st.GPUs[idx].MIGMode
+			g := &st.GPUs[idx]
+			current, pending = g.MIGMode, g.MIGMode
+			if g.PendingMode != nil {
+				pending = *g.PendingMode
+			}
 			return nvml.SUCCESS
 		})
-		return mode, mode, ret
+		return current, pending, ret
 	}
 	d.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
 		if mode != nvml.DEVICE_MIG_ENABLE && mode != nvml.DEVICE_MIG_DISABLE {
 			return nvml.ERROR_INVALID_ARGUMENT, nvml.ERROR_INVALID_ARGUMENT
 		}
+		activation := nvml.Return(nvml.SUCCESS)
 		ret := n.do(true, func(st *mockState) nvml.Return {
-			if len(st.GPUs[idx].GIs) > 0 {
+			g := &st.GPUs[idx]
+			if len(g.GIs) > 0 {
 				return nvml.ERROR_IN_USE
 			}
-			st.GPUs[idx].MIGMode = mode
+			switch {
+			case !n.resetRequired:
+				g.MIGMode, g.PendingMode = mode, nil
+			case mode == g.MIGMode:
+				g.PendingMode = nil // set back: nothing waits any more
+			default:
+				g.PendingMode = &mode
+				activation = nvml.ERROR_RESET_REQUIRED
+			}
 			return nvml.SUCCESS
 		})
-		return ret, ret
+		if ret != nvml.SUCCESS {
+			return ret, ret
+		}
+		return ret, activation
 	}
 	d.GetGpuInstanceProfileInfoFunc = func(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 		if profile < 0 || profile >= nvml.GPU_INSTANCE_PROFILE_COUNT {

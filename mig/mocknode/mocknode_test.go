@@ -263,3 +263,62 @@ func TestMockNodeAcrossProcesses(t *testing.T) {
 		t.Fatalf("overlapping create: %v", err)
 	}
 }
+
+// Like hardware that cannot reset the GPU itself, a ResetRequired node
+// reports a changed MIG mode as pending until Reset; otherwise the change
+// applies at once. Neither happens while instances exist.
+func TestMockMIGModeChangeWaitsForReset(t *testing.T) {
+	tests := []struct {
+		name           string
+		resetRequired  bool
+		wantActivation nvml.Return
+		wantBefore     [2]int // current, pending before the reset
+	}{
+		{"idle bare metal", false, nvml.SUCCESS, [2]int{nvml.DEVICE_MIG_DISABLE, nvml.DEVICE_MIG_DISABLE}},
+		{"reset required", true, nvml.ERROR_RESET_REQUIRED, [2]int{nvml.DEVICE_MIG_ENABLE, nvml.DEVICE_MIG_DISABLE}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			node, err := Open(filepath.Join(t.TempDir(), "node.json"), "h100", 1, Options{ResetRequired: tt.resetRequired})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := mockDevice(t, node, 0)
+			info := profileInfo(t, d, nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+			gi, ret := d.CreateGpuInstance(&info)
+			if ret != nvml.SUCCESS {
+				t.Fatal(ret)
+			}
+			if ret, _ := d.SetMigMode(nvml.DEVICE_MIG_DISABLE); ret != nvml.ERROR_IN_USE {
+				t.Fatalf("mode change with an instance: %v, want ERROR_IN_USE", ret)
+			}
+			if err := node.Reset(0); err == nil {
+				t.Fatal("reset with an instance succeeded")
+			}
+			if ret := gi.Destroy(); ret != nvml.SUCCESS {
+				t.Fatal(ret)
+			}
+			ret, activation := d.SetMigMode(nvml.DEVICE_MIG_DISABLE)
+			if ret != nvml.SUCCESS || activation != tt.wantActivation {
+				t.Fatalf("SetMigMode: %v, activation %v; want SUCCESS, %v", ret, activation, tt.wantActivation)
+			}
+			if cur, pend, _ := d.GetMigMode(); [2]int{cur, pend} != tt.wantBefore {
+				t.Fatalf("modes (current, pending) %d %d, want %v", cur, pend, tt.wantBefore)
+			}
+			// Another process sees the same modes through the state file.
+			other, err := Open(node.path, "h100", 1, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cur, pend, _ := mockDevice(t, other, 0).GetMigMode(); [2]int{cur, pend} != tt.wantBefore {
+				t.Fatalf("other process reads %d %d, want %v", cur, pend, tt.wantBefore)
+			}
+			if err := node.Reset(0); err != nil {
+				t.Fatal(err)
+			}
+			if cur, pend, _ := d.GetMigMode(); cur != nvml.DEVICE_MIG_DISABLE || pend != nvml.DEVICE_MIG_DISABLE {
+				t.Fatalf("after reset: %d %d, want MIG disabled", cur, pend)
+			}
+		})
+	}
+}

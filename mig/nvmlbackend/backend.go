@@ -36,6 +36,9 @@ type nvmlGPU struct {
 	info  mig.GPUInfo
 	dev   nvml.Device
 	model *mig.GPUModel
+	// pending says why a GPU whose MIG mode change waits for a reset takes
+	// no placement; "" when the current and pending modes agree.
+	pending string
 	// profiles holds NVML's own profile info by model profile index, with
 	// the profile ID read from NVML; a zero SliceCount marks a profile
 	// this driver does not offer.
@@ -106,17 +109,26 @@ func openGPU(lib nvml.Interface, i int, opts Options) (nvmlGPU, error) {
 		return g, fmt.Errorf("gpu %d: %w", i, err)
 	}
 	g.model, g.info.Model = model, model.Name
-	current, _, ret := dev.GetMigMode()
+	current, pending, ret := dev.GetMigMode()
 	if ret != nvml.SUCCESS {
 		return g, nvmlErr(fmt.Sprintf("gpu %d mig mode", i), ret)
 	}
-	if current != nvml.DEVICE_MIG_ENABLE && opts.EnableMIG {
+	if current != nvml.DEVICE_MIG_ENABLE && pending != nvml.DEVICE_MIG_ENABLE && opts.EnableMIG {
+		// The activation status says whether the driver could apply the
+		// mode now; the modes read back below say what it did.
 		if ret, _ := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
 			return g, nvmlErr(fmt.Sprintf("gpu %d enable MIG", i), ret)
 		}
-		if current, _, ret = dev.GetMigMode(); ret != nvml.SUCCESS || current != nvml.DEVICE_MIG_ENABLE {
-			return g, fmt.Errorf("gpu %d: MIG mode is pending: the GPU needs a reset", i)
+		if current, pending, ret = dev.GetMigMode(); ret != nvml.SUCCESS {
+			return g, nvmlErr(fmt.Sprintf("gpu %d mig mode", i), ret)
 		}
+	}
+	if current != pending {
+		// Strict: real hardware applies a mode change only after a GPU
+		// reset (or a VM reboot); until then neither mode can be trusted.
+		g.info.MIGPending = true
+		g.pending = fmt.Sprintf("MIG mode is %s, pending %s; reset the GPU (nvidia-smi -i %d -r) or set the mode back",
+			migModeName(current), migModeName(pending), i)
 	}
 	g.info.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
 	if !g.info.MIGEnabled {
@@ -138,6 +150,16 @@ func openGPU(lib nvml.Interface, i int, opts Options) (nvmlGPU, error) {
 		g.profiles[pi] = info
 	}
 	return g, nil
+}
+
+func migModeName(mode int) string {
+	switch mode {
+	case nvml.DEVICE_MIG_ENABLE:
+		return "enabled"
+	case nvml.DEVICE_MIG_DISABLE:
+		return "disabled"
+	}
+	return fmt.Sprintf("unknown (%d)", mode)
 }
 
 // checkProfile compares what NVML reports with the geometry.
@@ -180,11 +202,15 @@ func (b *Backend) GPUs() ([]mig.GPUInfo, error) {
 }
 
 // AllocatorGPUs lists the GPUs in the allocator's terms; GPUs with MIG
-// mode off are marked NoMIG and only take whole-GPU requests.
+// mode off are marked NoMIG and only take whole-GPU requests, and a GPU
+// whose MIG mode change waits for a reset is Unavailable.
 func (b *Backend) AllocatorGPUs() []mig.GPU {
 	out := make([]mig.GPU, len(b.gpus))
 	for i, g := range b.gpus {
 		out[i] = mig.GPU{Index: g.info.Index, Model: g.info.Model, NoMIG: !g.info.MIGEnabled}
+		if g.pending != "" {
+			out[i].Unavailable = mig.ErrMIGModePending.Error() + ": " + g.pending
+		}
 	}
 	return out
 }
@@ -214,6 +240,9 @@ func (b *Backend) Create(gpu int, profile string, start int) (mig.Instance, erro
 	g, err := b.gpu(gpu)
 	if err != nil {
 		return mig.Instance{}, err
+	}
+	if g.pending != "" {
+		return mig.Instance{}, fmt.Errorf("gpu %d: %w: %s", gpu, mig.ErrMIGModePending, g.pending)
 	}
 	if !g.info.MIGEnabled {
 		return mig.Instance{}, fmt.Errorf("gpu %d: %w", gpu, mig.ErrMIGDisabled)

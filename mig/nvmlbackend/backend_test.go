@@ -124,3 +124,99 @@ func TestBackendMIGModeIsNeverToggledImplicitly(t *testing.T) {
 		t.Fatal("EnableMIG did not enable MIG")
 	}
 }
+
+// Strict MIG mode: a GPU whose pending MIG mode differs from its current
+// one (changed, waiting for a reset) takes no placement, and every refusal
+// names the GPU and both modes. The other GPUs are unaffected.
+func TestBackendRefusesGPUWithPendingMIGMode(t *testing.T) {
+	tests := []struct {
+		name            string
+		from, to        int
+		wantCur, wantTo string
+	}{
+		{"enabled, pending disabled", nvml.DEVICE_MIG_ENABLE, nvml.DEVICE_MIG_DISABLE, "enabled", "disabled"},
+		{"disabled, pending enabled", nvml.DEVICE_MIG_DISABLE, nvml.DEVICE_MIG_ENABLE, "disabled", "enabled"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			node, err := mocknode.New("h200", 2, mocknode.Options{ResetRequired: true, MIGDisabled: tt.from == nvml.DEVICE_MIG_DISABLE})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 {
+				// GPU 0 is set back to where it was: nothing pending there.
+				d := mockDevice(t, node, i)
+				if ret, _ := d.SetMigMode(tt.to); ret != nvml.SUCCESS {
+					t.Fatal(ret)
+				}
+				if i == 0 {
+					if ret, _ := d.SetMigMode(tt.from); ret != nvml.SUCCESS {
+						t.Fatal(ret)
+					}
+				}
+			}
+			b, err := New(node.Interface(), Options{})
+			if err != nil {
+				t.Fatalf("one GPU waiting for a reset must not take the node down: %v", err)
+			}
+			gpus, _ := b.GPUs()
+			if gpus[0].MIGPending || !gpus[1].MIGPending || gpus[1].MIGEnabled != (tt.from == nvml.DEVICE_MIG_ENABLE) {
+				t.Fatalf("gpus %+v", gpus)
+			}
+			want := []string{"gpu 1", "MIG mode is " + tt.wantCur + ", pending " + tt.wantTo, "nvidia-smi -i 1 -r"}
+			_, err = b.Create(1, "1g.18gb", 0)
+			for _, w := range want {
+				if !errors.Is(err, mig.ErrMIGModePending) || !strings.Contains(err.Error(), w) {
+					t.Fatalf("create on the pending GPU: %v, want ErrMIGModePending naming %q", err, w)
+				}
+			}
+			ag := b.AllocatorGPUs()
+			if ag[0].Unavailable != "" || !strings.Contains(ag[1].Unavailable, want[1]) {
+				t.Fatalf("allocator GPUs %+v", ag)
+			}
+			alloc, err := mig.NewAllocator(ag, nil, mig.WithStrictMIGMode())
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = alloc.Allocate(mig.Request{Owner: "p", Tenant: "t", WholeGPU: tt.from == nvml.DEVICE_MIG_DISABLE, Profile: map[bool]string{true: "", false: "7g.141gb"}[tt.from == nvml.DEVICE_MIG_DISABLE]})
+			if err != nil {
+				t.Fatalf("GPU 0 is usable: %v", err)
+			}
+			_, err = alloc.Allocate(mig.Request{Owner: "q", Tenant: "t", Profile: "1g.18gb"})
+			if !errors.Is(err, mig.ErrInsufficientResources) || !strings.Contains(err.Error(), "gpu1: "+mig.ErrMIGModePending.Error()) {
+				t.Fatalf("allocation refusal %v, want it to name gpu1's pending mode", err)
+			}
+			if err := node.Reset(1); err != nil {
+				t.Fatal(err)
+			}
+			if b, err = New(node.Interface(), Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if gpus, _ := b.GPUs(); gpus[1].MIGPending || gpus[1].MIGEnabled != (tt.to == nvml.DEVICE_MIG_ENABLE) {
+				t.Fatalf("after the reset: %+v", gpus[1])
+			}
+		})
+	}
+}
+
+// EnableMIG on a GPU that cannot reset itself leaves the change pending:
+// the GPU is refused until the reset, not used in either mode.
+func TestBackendEnableMIGWaitsForReset(t *testing.T) {
+	node, _ := mocknode.New("h100", 1, mocknode.Options{MIGDisabled: true, ResetRequired: true})
+	b, err := New(node.Interface(), Options{EnableMIG: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Create(0, "1g.10gb", 0); !errors.Is(err, mig.ErrMIGModePending) || !strings.Contains(err.Error(), "MIG mode is disabled, pending enabled") {
+		t.Fatalf("create before the reset: %v", err)
+	}
+	if err := node.Reset(0); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = New(node.Interface(), Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Create(0, "1g.10gb", 0); err != nil {
+		t.Fatalf("create after the reset: %v", err)
+	}
+}
