@@ -919,7 +919,7 @@ func (p *prog) ndOptions() {
 		asm.Add.Imm(asm.R0, -16),
 	)
 	for i := range maxNDOptions {
-		lla, next := p.newLabel("nd_lla"), fmt.Sprintf("nd_opt_%d", i+1)
+		lla, skip, next := p.newLabel("nd_lla"), p.newLabel("nd_skip"), fmt.Sprintf("nd_opt_%d", i+1)
 		p.at(fmt.Sprintf("nd_opt_%d", i))
 		p.emit(
 			asm.JEq.Reg(asm.R0, asm.R5, "nd_opts_done"),
@@ -930,6 +930,12 @@ func (p *prog) ndOptions() {
 			asm.LoadMem(asm.R1, asm.R0, 0, asm.Byte),
 			asm.JEq.Imm(asm.R1, 1, lla),
 			asm.JEq.Imm(asm.R1, 2, lla),
+		)
+		// Every option, checked or not, is skipped by its length here,
+		// so that the verifier sees one state per option, not one per
+		// combination of kinds.
+		p.at(skip)
+		p.emit(
 			asm.LoadMem(asm.R1, asm.R0, 1, asm.Byte),
 			asm.JEq.Imm(asm.R1, 0, nd),
 			asm.LSh.Imm(asm.R1, 3),
@@ -949,7 +955,7 @@ func (p *prog) ndOptions() {
 			asm.LoadMem(asm.R1, asm.R0, 6, asm.Half),
 			asm.LoadMem(asm.R4, asm.R7, epMAC+4, asm.Half),
 			asm.JNE.Reg32(asm.R1, asm.R4, nd),
-			asm.Add.Imm(asm.R0, 8),
+			asm.Ja.Label(skip),
 		)
 	}
 	// Options left after the bound: refuse rather than guess.
