@@ -28,7 +28,7 @@ mode(f) := m if {
 	m := f.enforcement
 } else := "deny"
 
-# reason_precedence orders the families of rule ids (a rule id's part before
+# reason_precedence ranks the families of rule ids (a rule id's part before
 # its first dot) in decision.reasons, so that the first deny reason is the
 # one that decided: each family is judged in the light of those before it.
 #   input     the document is not one this policy can judge at all;
@@ -42,24 +42,21 @@ mode(f) := m if {
 # A family not listed here (a security team's own) follows these. Every
 # reader shows reasons in this order: bulkhead policy eval, the webhook's
 # refusals and the node's (docs/policy.md, "Decision").
-reason_precedence := ["input", "tenant", "identity", "runtime", "workload", "rdma", "gpu", "quota", "network"]
+reason_precedence := {
+	"input": 0, "tenant": 1, "identity": 2, "runtime": 3, "workload": 4,
+	"rdma": 5, "gpu": 6, "quota": 7, "network": 8,
+}
 
-family_rank := {family: i | some i, family in reason_precedence}
-
-rank_of_rule(rule) := r if {
-	r := family_rank[split(rule, ".")[0]]
-} else := count(reason_precedence)
+rank_of_rule(rule) := object.get(reason_precedence, substring(rule, 0, indexof(rule, ".")), count(reason_precedence))
 
 # Deny (and any unknown mode, which counts as deny) before warn before audit.
-rank_of_mode(m) := 1 if {
-	m == "warn"
-} else := 2 if {
-	m == "audit"
-} else := 0
+rank_of_mode := {"warn": 1, "audit": 2}
 
 # rows sort the reasons: by enforcement, then by family as above, then by
-# rule id, then by message.
-rows := {[rank_of_mode(m), rank_of_rule(f.rule), f.rule, f.message, m] |
+# rule id, then by message. Lookups with object.get rather than functions
+# with else: the compiled plan then pays a few steps per finding, and
+# hardly an allocation.
+rows := {[object.get(rank_of_mode, m, 0), rank_of_rule(f.rule), f.rule, f.message, m] |
 	some f in findings
 	m := mode(f)
 }
