@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,11 +33,12 @@ func BenchmarkProgram(b *testing.B) {
 	}
 	defer baseline.Close()
 
-	frames := []struct {
+	type benchFrame struct {
 		name  string
 		dir   Direction
 		frame []byte
-	}{
+	}
+	frames := []benchFrame{
 		{"v4-same-tenant-pass", FromPod, ipv4(podV4, sameV4, 6, tcp(40000, 80), v4opts{})},
 		{"v4-other-tenant-drop", FromPod, ipv4(podV4, otherV4, 6, tcp(40000, 80), v4opts{})},
 		{"v6-same-tenant-pass", ToPod, ipv6(sameRDMAv6, podV6, 6, tcp(80, 40000))},
@@ -44,8 +46,18 @@ func BenchmarkProgram(b *testing.B) {
 		// Neighbour discovery's longest pass path: a solicitation to the pod
 		// from a pod of its tenant (destination, target and tenant checks).
 		{"v6-nd-solicitation-to-pod-pass", ToPod, nd6(sameLL, "ff02::1:ff00:1", 135, podV6)},
+		// The pod's own solicitation, with its source link-layer option
+		// (checked against its MAC), to a solicited-node group.
+		{"v6-nd-solicitation-from-pod-pass", FromPod, ndOpts(nd6(podLL, "ff02::1:ff00:2", 135, sameRDMAv6), lla(1, podMAC))},
 	}
 	for _, endpoints := range []int{10, 1000, 100000} {
+		// A peer among the registered endpoints, of the pod's tenant: its
+		// lookup goes as deep as that many addresses make it.
+		peer4, peer6 := populatedAddrs(endpoints / 2 / 100 * 100)
+		frames := append(slices.Clone(frames),
+			benchFrame{"v4-same-tenant-pass-peer-among-all", FromPod, ipv4(podV4, peer4.String(), 6, tcp(40000, 80), v4opts{})},
+			benchFrame{"v6-same-tenant-pass-peer-among-all", ToPod, ipv6(peer6.String(), podV6, 6, tcp(80, 40000))},
+		)
 		d := loadFixture(b)
 		e := podEndpoint(restrict)
 		if err := d.install(newRecord(&e, loIfindex, "lo", tenantA, tierStd)); err != nil {
@@ -59,6 +71,12 @@ func BenchmarkProgram(b *testing.B) {
 				prog := d.program(f.dir)
 				const repeat = 1000
 				var fence, base []float64
+				// The case measures what its name says.
+				if ret, err := prog.Run(&ebpf.RunOptions{Data: f.frame}); err != nil {
+					b.Fatal(err)
+				} else if pass := ret == uint32(verdictNext&0xffffffff); pass != strings.Contains(f.name, "-pass") {
+					b.Fatalf("%s: verdict %d", f.name, int32(ret))
+				}
 				for b.Loop() {
 					_, dt, err := prog.Benchmark(f.frame, repeat, nil)
 					if err != nil {
@@ -87,21 +105,31 @@ func BenchmarkProgram(b *testing.B) {
 	}
 }
 
-// populate registers n endpoints besides the fixture's, alternating tenants.
+// populate registers n endpoints besides the fixture's, of 100 tenants;
+// every hundredth is of the fixture pod's tenant.
 func populate(d *datapath, n int) error {
 	for i := range n {
 		ifindex := uint32(1000 + i)
-		v4 := netip.AddrFrom4([4]byte{10, 100 + byte(i>>16), byte(i >> 8), byte(i)})
-		var a16 [16]byte
-		a16[0], a16[1] = 0xfd, 0x01
-		binary.BigEndian.PutUint32(a16[12:], uint32(i))
+		v4, v6 := populatedAddrs(i)
 		e := Endpoint{SandboxID: fmt.Sprintf("bench-%d", i), Ifindex: int(ifindex), Tenant: "x", Tier: "standard",
-			IPv4: v4, IPv6: netip.AddrFrom16(a16)}
-		if err := d.install(newRecord(&e, int(ifindex), "bench", uint32(3+i%100), tierStd)); err != nil {
+			IPv4: v4, IPv6: v6}
+		tenant := uint32(3 + i%100)
+		if i%100 == 0 {
+			tenant = tenantA
+		}
+		if err := d.install(newRecord(&e, int(ifindex), "bench", tenant, tierStd)); err != nil {
 			return fmt.Errorf("endpoint %d: %w", i, err)
 		}
 	}
 	return nil
+}
+
+// populatedAddrs are the addresses populate gives endpoint i.
+func populatedAddrs(i int) (netip.Addr, netip.Addr) {
+	var a16 [16]byte
+	a16[0], a16[1] = 0xfd, 0x01
+	binary.BigEndian.PutUint32(a16[12:], uint32(i))
+	return netip.AddrFrom4([4]byte{10, 100 + byte(i>>16), byte(i >> 8), byte(i)}), netip.AddrFrom16(a16)
 }
 
 func mean(xs []float64) float64 {

@@ -40,10 +40,12 @@
 //     From the pod: router advertisements and redirects drop (nd); the
 //     source is ::, the pod's link-local or its own address, and an
 //     advertisement claims only the pod's link-local or own address, or
-//     drop (spoof); to a link-local address, ff02::1, ff02::2 or a
-//     solicited-node group ff02::1:ffXX:XXXX it passes, to another group it
-//     drops (nd), and to a global address it goes on to rule 9 like any
-//     packet to that peer. To the pod: router solicitations drop (nd);
+//     drop (spoof); every link-layer address option (source or target) holds
+//     the pod's MAC, and the options are well formed (none of length zero or
+//     past the message, at most 6), or drop (nd); to a link-local
+//     address, ff02::1, ff02::2 or a solicited-node group
+//     ff02::1:ffXX:XXXX it passes, to another group it drops (nd), and to
+//     a global address it goes on to rule 9 like any packet to that peer. To the pod: router solicitations drop (nd);
 //     router advertisements and redirects pass only from the node's router
 //     link-local address (nd); solicitations and advertisements from ::
 //     drop (nd), a solicitation passes only for the pod's own addresses
@@ -68,11 +70,17 @@
 //
 // The pod's MAC, IPv6 link-local address and the node's router link-local
 // address are read at registration (Endpoint.MAC, LinkLocal,
-// RouterLinkLocal); pods' link-local addresses are kept in the tenant tries
+// RouterLinkLocal); pods' link-local addresses are kept in the owner hash
 // beside their global ones, so that rule 7 can tell whose a neighbour
 // message is. Every pod on a bridge is registered with its own programs, so
 // a pod's link-layer sources are its own by rule 4, 5 and 7 on its side,
 // and the receiving side can trust them.
+//
+// The list is the order in which verdicts take precedence, not the order of
+// the programs' lookups: they look up the cluster ranges before the tier's
+// shared services, and those only where they decide (in the cluster, and
+// outside it for a peer missing from the pod's allow-list), which yields the
+// same verdict with fewer lookups on the common paths.
 //
 // IPv6 is enforced, not bypassed: up to four extension headers (hop-by-hop,
 // routing, destination options, fragment) are walked to find the upper
@@ -100,8 +108,12 @@
 //
 // Pinned by name under PinDir (default /sys/fs/bpf/bulkhead): endpoints
 // (ifindex -> tenant, tier, flags, addresses, MAC, link-local and router
-// addresses), tenant_v4/tenant_v6 (LPM: address, link-local ones included,
-// -> owning tenant), service_v4/v6 (LPM keyed by tier),
+// addresses), owner_v4/owner_v6 (hash: a single address, pods' link-local
+// ones included, -> owning tenant), tenant_v4/tenant_v6 (LPM: a wider
+// remote range -> owning tenant; looked up after the owner hash, which
+// answers as a trie holding both would, since a host prefix is always the
+// longest match, for the price of a hash lookup instead of a walk down a
+// trie of every pod), service_v4/v6 (LPM keyed by tier),
 // egress_v4/v6 (LPM keyed by ifindex), cluster_v4/v6 (LPM), drops (per-CPU
 // counters keyed by tenant and reason), tenant_ids and tier_ids (stable
 // name -> id for the node). TCX links are pinned under PinDir/links, so the
