@@ -16,9 +16,11 @@ var (
 	ErrInvalidRequest = errors.New("invalid request")
 )
 
-// WholeGPUProfile is the Profile of a placement that takes a whole GPU
-// outside MIG (the fallback for sandboxes that cannot use a MIG slice).
-const WholeGPUProfile = "whole"
+// wholeGPUProfile is the Profile a whole-GPU placement is stored with in
+// the ledger. Callers ask with Request.WholeGPU and test Placement.Whole;
+// the name a pod asks for a whole GPU with is the policy's (ProfileWhole),
+// which the runtime maps to Request.WholeGPU, never passing it through.
+const wholeGPUProfile = "whole"
 
 // Isolation is the co-tenancy rule a placement carries for as long as it
 // lives. It is stored with the placement so a rebuilt allocator keeps it.
@@ -69,7 +71,8 @@ func NodeGPUs(model string, n int) []GPU {
 type Placement struct {
 	// GPU is the NVML index of the physical GPU.
 	GPU int `json:"gpu"`
-	// Profile is the profile name ("3g.71gb") or WholeGPUProfile.
+	// Profile is the profile name ("3g.71gb"), or "whole" for a whole GPU
+	// (see Whole).
 	Profile string `json:"profile"`
 	// Start is the first memory slot, as in an NVML placement.
 	Start int `json:"start"`
@@ -84,6 +87,9 @@ type Placement struct {
 	// Isolation is the co-tenancy rule the slice imposes on its GPU.
 	Isolation Isolation `json:"isolation,omitempty"`
 }
+
+// Whole reports whether the placement is a whole GPU outside MIG.
+func (p Placement) Whole() bool { return p.Profile == wholeGPUProfile }
 
 func (p Placement) String() string {
 	return fmt.Sprintf("gpu%d %s start %d size %d (tenant %s, owner %s)", p.GPU, p.Profile, p.Start, p.Size, p.Tenant, p.Owner)
@@ -304,13 +310,13 @@ func (a *Allocator) restore(p Placement) error {
 	if !p.Isolation.valid() {
 		return fmt.Errorf("%w: placement %s: isolation %q unknown", ErrInvalidRequest, p, p.Isolation)
 	}
-	if why := g.admits(p.Tenant, p.Isolation, p.Profile == WholeGPUProfile); why != "" {
+	if why := g.admits(p.Tenant, p.Isolation, p.Whole()); why != "" {
 		return fmt.Errorf("%w: placement %s: %s", ErrInvalidRequest, p, why)
 	}
-	if !a.modeFits(g, p.Profile == WholeGPUProfile) {
+	if !a.modeFits(g, p.Whole()) {
 		return fmt.Errorf("%w: placement %s: %s", ErrInvalidRequest, p, g.modeMismatch())
 	}
-	if p.Profile == WholeGPUProfile {
+	if p.Whole() {
 		if p.Start != 0 {
 			return fmt.Errorf("%w: placement %s: whole GPU must start at 0", ErrInvalidRequest, p)
 		}
@@ -370,7 +376,7 @@ func (g *gpuSlot) admits(tenant string, iso Isolation, whole bool) string {
 	}
 	for _, e := range g.placements {
 		switch {
-		case e.Isolation == IsolationExclusive || e.Profile == WholeGPUProfile:
+		case e.Isolation == IsolationExclusive || e.Whole():
 			return "held exclusively by " + e.Owner
 		case e.Isolation == IsolationTenant && e.Tenant != tenant:
 			return "kept to tenant " + e.Tenant
@@ -562,7 +568,7 @@ func (a *Allocator) Allocate(req Request) (Placement, error) {
 	}
 	p := Placement{GPU: best.gpu.index, Start: best.start, Tenant: req.Tenant, Owner: req.Owner, Isolation: req.Isolation}
 	if req.WholeGPU {
-		p.Profile = WholeGPUProfile
+		p.Profile = wholeGPUProfile
 		best.gpu.takeWhole(p)
 		p.Size, p.Compute = MemorySlots, ComputeSlices
 		return p, nil
@@ -609,7 +615,7 @@ func (a *Allocator) Release(owner string) []Placement {
 }
 
 func (g *gpuSlot) free(p Placement) {
-	if p.Profile == WholeGPUProfile {
+	if p.Whole() {
 		g.state.whole = false
 		return
 	}

@@ -84,7 +84,7 @@ func Reconcile(instances []Instance, placements []Placement) (orphans []Instance
 	}
 	held := map[spot]bool{}
 	for _, p := range placements {
-		if p.Profile != WholeGPUProfile {
+		if !p.Whole() {
 			held[spot{p.GPU, p.Start, p.Profile}] = true
 		}
 	}
@@ -98,7 +98,7 @@ func Reconcile(instances []Instance, placements []Placement) (orphans []Instance
 		complete[s] = true
 	}
 	for _, p := range placements {
-		if p.Profile != WholeGPUProfile && !complete[spot{p.GPU, p.Start, p.Profile}] {
+		if !p.Whole() && !complete[spot{p.GPU, p.Start, p.Profile}] {
 			missing = append(missing, p)
 		}
 	}

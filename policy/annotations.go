@@ -25,7 +25,7 @@ const (
 	MaxGPUCount = 64
 )
 
-var profilePattern = regexp.MustCompile(`^(whole|[1-8]g\.[0-9]+gb(\+[a-z0-9]+)?(\.[a-z0-9-]+)?)$`)
+var profilePattern = regexp.MustCompile(`^(` + regexp.QuoteMeta(ProfileWhole) + `|[1-8]g\.[0-9]+gb(\+[a-z0-9]+)?(\.[a-z0-9-]+)?)$`)
 
 // AnnotationRequest is what a pod asks for through its annotations. A zero
 // field means the annotation is absent.

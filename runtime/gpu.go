@@ -27,7 +27,7 @@ func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.S
 	if err := p.fail(StepGPU); err != nil {
 		return err
 	}
-	if res.GPU.Profile != mig.WholeGPUProfile {
+	if !res.GPU.Whole() {
 		in, err := p.backend.Create(res.GPU.GPU, res.GPU.Profile, res.GPU.Start)
 		if err != nil {
 			return fmt.Errorf("gpu %d: create %s at %d: %w", res.GPU.GPU, res.GPU.Profile, res.GPU.Start, err)

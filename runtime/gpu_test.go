@@ -31,7 +31,7 @@ func TestGPUCDISpecLivesWithThePod(t *testing.T) {
 			p.runtime = tt.runtime
 			dir := t.TempDir()
 			p.cfg.MIG.CDISpecDir = dir
-			sb, spec := sandboxSpec(tt.ns, "gpu", map[string]string{AnnotationGPUProfile: tt.profile})
+			sb, spec := sandboxSpec(tt.ns, "gpu", map[string]string{policy.AnnotationGPUProfile: tt.profile})
 			if tt.runtime == policy.RuntimeRunc {
 				sb.Handler = RuncHandler
 			}
@@ -90,7 +90,7 @@ func TestGCRemovesOrphanCDISpecs(t *testing.T) {
 	p := testPipeline(t)
 	dir := t.TempDir()
 	p.cfg.MIG.CDISpecDir = dir
-	sb, spec := sandboxSpec("research", "live", map[string]string{AnnotationGPUProfile: "whole"})
+	sb, spec := sandboxSpec("research", "live", map[string]string{policy.AnnotationGPUProfile: "whole"})
 	if _, err := place(t, p, sb, spec); err != nil {
 		t.Fatal(err)
 	}

@@ -25,12 +25,10 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
-// Pod annotations a pod author may set to ask for resources. They are
-// requests, never identity.
+// Annotations containerd sets on the sandbox; the requests a pod author may
+// set are policy's (policy.AnnotationGPUProfile, ...), read only through
+// policy.ParseAnnotations.
 const (
-	AnnotationGPUProfile = policy.AnnotationGPUProfile
-	AnnotationGPUCount   = policy.AnnotationGPUCount
-	AnnotationRDMA       = policy.AnnotationRDMA
 	// AnnotationSandboxMemory is containerd's total memory limit of the pod.
 	AnnotationSandboxMemory = "io.kubernetes.cri.sandbox-memory"
 )
@@ -232,7 +230,7 @@ func (p *Pipeline) Input(sb *Sandbox, spec *specs.Spec) (policy.Input, error) {
 		}
 		in.Request.GPU = &policy.GPURequest{Profile: ann.Profile, Count: count}
 	case ann.Count != 0:
-		return in, fmt.Errorf("annotation %s: needs %s", AnnotationGPUCount, AnnotationGPUProfile)
+		return in, fmt.Errorf("annotation %s: needs %s", policy.AnnotationGPUCount, policy.AnnotationGPUProfile)
 	}
 	in.Request.RDMA = ann.RDMA
 	return in, nil
@@ -396,14 +394,14 @@ func (p *Pipeline) placeGPU(sb *Sandbox, d policy.Decision, req *policy.GPUReque
 		return mig.Placement{}, refuse("gpu.none_on_node", "the pod asks for a GPU and this node has none")
 	}
 	if req.Count != 1 {
-		return mig.Placement{}, refuse("gpu.count", fmt.Sprintf("%s %d: one GPU or slice per pod is supported", AnnotationGPUCount, req.Count))
+		return mig.Placement{}, refuse("gpu.count", fmt.Sprintf("%s %d: one GPU or slice per pod is supported", policy.AnnotationGPUCount, req.Count))
 	}
 	isolation := mig.IsolationShared
 	if d.GPU.ExclusivePhysicalGPU {
 		isolation = mig.IsolationTenant
 	}
 	mreq := mig.Request{Owner: sb.ID, Tenant: d.Tenant, Isolation: isolation}
-	if req.Profile == mig.WholeGPUProfile {
+	if req.Profile == policy.ProfileWhole {
 		if !d.GPU.WholeGPU {
 			return mig.Placement{}, refuse("gpu.whole_gpu_denied", fmt.Sprintf("tier %s may not have a whole GPU", d.Tier))
 		}
@@ -434,7 +432,7 @@ func (p *Pipeline) placeGPU(sb *Sandbox, d policy.Decision, req *policy.GPUReque
 // RDMAGrant is the RDMA device fence for the pod's containers: nothing
 // unless the policy grants RDMA on the tenant's own VF and the pod asked.
 func (p *Pipeline) RDMAGrant(a *Admission, sb *Sandbox) rdma.Grant {
-	if a == nil || a.Decision.RDMA != policy.RDMAOwnVF || sb.Annotations[AnnotationRDMA] != "true" {
+	if a == nil || a.Decision.RDMA != policy.RDMAOwnVF || sb.Annotations[policy.AnnotationRDMA] != "true" {
 		return rdma.Grant{}
 	}
 	return rdma.Grant{Allowed: true, Devices: p.cfg.RDMA.TenantVFs[a.Decision.Tenant]}

@@ -15,7 +15,6 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/bulkhead-runtime/bulkhead/mig"
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
@@ -91,23 +90,23 @@ func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 		check    func(t *testing.T, r *Reservation, spec *specs.Spec)
 	}{
 		{ns: "nowhere", name: "x", wantErr: []string{"nowhere/x", "tenant.unknown_namespace"}},
-		{ns: "agents", name: "bad", ann: map[string]string{AnnotationGPUCount: "two", AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{AnnotationGPUCount, "integer from 1 to 64"}},
-		{ns: "agents", name: "mig", ann: map[string]string{AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{"tenant agents", "gpu.mig_in_gvisor", "nvidia-caps"}},
-		{ns: "agents", name: "whole", ann: map[string]string{AnnotationGPUProfile: "whole"}, wantErr: []string{"tenant agents"}},
+		{ns: "agents", name: "bad", ann: map[string]string{policy.AnnotationGPUCount: "two", policy.AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{policy.AnnotationGPUCount, "integer from 1 to 64"}},
+		{ns: "agents", name: "mig", ann: map[string]string{policy.AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{"tenant agents", "gpu.mig_in_gvisor", "nvidia-caps"}},
+		{ns: "agents", name: "whole", ann: map[string]string{policy.AnnotationGPUProfile: "whole"}, wantErr: []string{"tenant agents"}},
 		{ns: "agents", name: "a1", check: func(t *testing.T, r *Reservation, _ *specs.Spec) {
 			if r.Tenant != "agents" || r.Tier != "untrusted" || r.State != StateActive || r.GPU != nil {
 				t.Errorf("reservation %+v", r)
 			}
 		}},
-		{ns: "research", name: "r1", ann: map[string]string{AnnotationGPUProfile: "3g.71gb"}, check: func(t *testing.T, r *Reservation, spec *specs.Spec) {
-			if r.GPU == nil || r.GPU.Profile != mig.WholeGPUProfile || r.GPUSlices() != 7 {
+		{ns: "research", name: "r1", ann: map[string]string{policy.AnnotationGPUProfile: "3g.71gb"}, check: func(t *testing.T, r *Reservation, spec *specs.Spec) {
+			if r.GPU == nil || !r.GPU.Whole() || r.GPUSlices() != 7 {
 				t.Errorf("standard tier MIG request in gVisor: placement %+v, want the whole-GPU fallback", r.GPU)
 			}
 			var env string
 			if spec.Process != nil {
 				env = strings.Join(spec.Process.Env, " ")
 			}
-			if !strings.Contains(env, "NVIDIA_VISIBLE_DEVICES=GPU-") || spec.Annotations["bulkhead.dev/gpu-placement"] == "" {
+			if !strings.Contains(env, "NVIDIA_VISIBLE_DEVICES=GPU-") || spec.Annotations[AnnotationGPUPlacement] == "" {
 				t.Errorf("GPU not injected: env %q annotations %v", env, spec.Annotations)
 			}
 		}},
@@ -164,7 +163,7 @@ func TestAdmitInjectedFailuresUnwind(t *testing.T) {
 	p := testPipeline(t)
 	for _, step := range Steps {
 		p.failAt = step
-		sb, spec := sandboxSpec("research", "f-"+step, map[string]string{AnnotationGPUProfile: "1g.18gb"})
+		sb, spec := sandboxSpec("research", "f-"+step, map[string]string{policy.AnnotationGPUProfile: "1g.18gb"})
 		sb.Bundle = t.TempDir()
 		var created, deleted int
 		_, err := p.Place(context.Background(), sb, spec, SandboxTask{
@@ -203,7 +202,7 @@ func TestRDMAGrantFollowsPolicyAndRequest(t *testing.T) {
 	} {
 		ann := map[string]string{}
 		if tt.rdma != "" {
-			ann[AnnotationRDMA] = tt.rdma
+			ann[policy.AnnotationRDMA] = tt.rdma
 		}
 		sb, spec := sandboxSpec(tt.ns, tt.name, ann)
 		a, err := place(t, p, sb, spec)

@@ -20,16 +20,6 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
-// Annotations a pod author may set. They are requests, never identity.
-const (
-	// AnnotationGPUProfile names a MIG profile such as "1g.18gb", or "whole".
-	AnnotationGPUProfile = policy.AnnotationGPUProfile
-	// AnnotationGPUCount is the number of slices (or whole GPUs); default 1.
-	AnnotationGPUCount = policy.AnnotationGPUCount
-	// AnnotationRDMA asks for the tenant's own RDMA VF ("true"/"false").
-	AnnotationRDMA = policy.AnnotationRDMA
-)
-
 // Resource names read from container limits.
 const (
 	resourceGPU       = corev1.ResourceName("nvidia.com/gpu")
@@ -38,9 +28,6 @@ const (
 
 // maxGPUCount bounds bulkhead.dev/gpu-count: no node has more slices.
 const maxGPUCount = policy.MaxGPUCount
-
-// ProfileWhole is the GPU profile of a full, non-MIG GPU.
-const ProfileWhole = policy.ProfileWhole
 
 // Supported kinds: the pod itself and every built-in workload with a pod template.
 var (
@@ -605,21 +592,21 @@ func requestOf(annotations map[string]string, spec corev1.PodSpec) (policy.Reque
 		return req, fmt.Errorf("resources: %s and %s%s both requested; ask for one kind of GPU", resourceGPU, resourceMIGPrefix, migProfile)
 	case migProfile != "":
 		if hasProfile && profile != migProfile {
-			return req, fmt.Errorf("annotation %s: %q contradicts resource limit %s%s", AnnotationGPUProfile, profile, resourceMIGPrefix, migProfile)
+			return req, fmt.Errorf("annotation %s: %q contradicts resource limit %s%s", policy.AnnotationGPUProfile, profile, resourceMIGPrefix, migProfile)
 		}
 		profile, hasProfile = migProfile, true
 		gpus = migCount
 	case gpus > 0 && !hasProfile:
-		profile, hasProfile = ProfileWhole, true
+		profile, hasProfile = policy.ProfileWhole, true
 	}
 	if !hasProfile {
 		if hasCount {
-			return req, fmt.Errorf("annotation %s: needs %s (or a GPU resource limit)", AnnotationGPUCount, AnnotationGPUProfile)
+			return req, fmt.Errorf("annotation %s: needs %s (or a GPU resource limit)", policy.AnnotationGPUCount, policy.AnnotationGPUProfile)
 		}
 	} else {
 		switch {
 		case hasCount && gpus > 0 && int64(count) != gpus:
-			return req, fmt.Errorf("annotation %s: %d contradicts the pod's GPU resource limits (%d)", AnnotationGPUCount, count, gpus)
+			return req, fmt.Errorf("annotation %s: %d contradicts the pod's GPU resource limits (%d)", policy.AnnotationGPUCount, count, gpus)
 		case !hasCount && gpus > 0:
 			if gpus > maxGPUCount {
 				return req, fmt.Errorf("resources: %d GPUs requested, at most %d", gpus, maxGPUCount)

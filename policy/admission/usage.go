@@ -169,7 +169,7 @@ func chargeOf(p *corev1.Pod) policy.Usage {
 // profileSlices is the number of compute slices one unit of profile uses:
 // 7 for a whole GPU, N for an "Ng.*" MIG profile.
 func profileSlices(profile string) int {
-	if profile == ProfileWhole {
+	if profile == policy.ProfileWhole {
 		return wholeGPUSlices
 	}
 	n, err := strconv.Atoi(profile[:1])

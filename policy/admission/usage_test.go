@@ -39,7 +39,7 @@ func testPod(ns, name, uid, profile string, memory string, phase corev1.PodPhase
 		Status: corev1.PodStatus{Phase: phase},
 	}
 	if profile != "" {
-		p.Annotations[AnnotationGPUProfile] = profile
+		p.Annotations[policy.AnnotationGPUProfile] = profile
 	}
 	return p
 }
@@ -216,23 +216,23 @@ func TestRequestOf(t *testing.T) {
 		err         string
 	}{
 		{name: "nothing", want: policy.Request{}},
-		{name: "profile only", annotations: map[string]string{AnnotationGPUProfile: "1g.18gb"}, want: policy.Request{GPU: &policy.GPURequest{Profile: "1g.18gb", Count: 1}}},
-		{name: "profile and count", annotations: map[string]string{AnnotationGPUProfile: "2g.35gb", AnnotationGPUCount: "2"}, want: policy.Request{GPU: &policy.GPURequest{Profile: "2g.35gb", Count: 2}}},
+		{name: "profile only", annotations: map[string]string{policy.AnnotationGPUProfile: "1g.18gb"}, want: policy.Request{GPU: &policy.GPURequest{Profile: "1g.18gb", Count: 1}}},
+		{name: "profile and count", annotations: map[string]string{policy.AnnotationGPUProfile: "2g.35gb", policy.AnnotationGPUCount: "2"}, want: policy.Request{GPU: &policy.GPURequest{Profile: "2g.35gb", Count: 2}}},
 		{name: "nvidia.com/gpu is whole GPUs", spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: lim("nvidia.com/gpu", "2")}}}, want: policy.Request{GPU: &policy.GPURequest{Profile: "whole", Count: 2}}},
 		{name: "MIG resource", spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: lim("nvidia.com/mig-1g.18gb", "3")}}}, want: policy.Request{GPU: &policy.GPURequest{Profile: "1g.18gb", Count: 3}}},
 		{name: "memory: sum of containers and sidecars vs largest init", spec: corev1.PodSpec{
 			InitContainers: []corev1.Container{{Resources: lim("memory", "3Gi")}, {RestartPolicy: &always, Resources: lim("memory", "1Gi")}},
 			Containers:     []corev1.Container{{Resources: lim("memory", "1Gi")}, {Resources: lim("memory", "512Mi")}},
 		}, want: policy.Request{MemoryBytes: 3 << 30}},
-		{name: "rdma", annotations: map[string]string{AnnotationRDMA: "true"}, want: policy.Request{RDMA: true}},
-		{name: "bad count", annotations: map[string]string{AnnotationGPUProfile: "1g.18gb", AnnotationGPUCount: "0"}, err: "annotation bulkhead.dev/gpu-count: must be an integer from 1 to 64"},
-		{name: "count without profile", annotations: map[string]string{AnnotationGPUCount: "1"}, err: "needs bulkhead.dev/gpu-profile"},
-		{name: "bad profile", annotations: map[string]string{AnnotationGPUProfile: "all of them"}, err: `annotation bulkhead.dev/gpu-profile: must be "whole" or a MIG profile`},
-		{name: "count contradicts limits", annotations: map[string]string{AnnotationGPUProfile: "whole", AnnotationGPUCount: "1"}, spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: lim("nvidia.com/gpu", "2")}}}, err: "1 contradicts the pod's GPU resource limits (2)"},
-		{name: "profile contradicts MIG resource", annotations: map[string]string{AnnotationGPUProfile: "2g.35gb"}, spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: lim("nvidia.com/mig-1g.18gb", "1")}}}, err: `"2g.35gb" contradicts resource limit nvidia.com/mig-1g.18gb`},
+		{name: "rdma", annotations: map[string]string{policy.AnnotationRDMA: "true"}, want: policy.Request{RDMA: true}},
+		{name: "bad count", annotations: map[string]string{policy.AnnotationGPUProfile: "1g.18gb", policy.AnnotationGPUCount: "0"}, err: "annotation bulkhead.dev/gpu-count: must be an integer from 1 to 64"},
+		{name: "count without profile", annotations: map[string]string{policy.AnnotationGPUCount: "1"}, err: "needs bulkhead.dev/gpu-profile"},
+		{name: "bad profile", annotations: map[string]string{policy.AnnotationGPUProfile: "all of them"}, err: `annotation bulkhead.dev/gpu-profile: must be "whole" or a MIG profile`},
+		{name: "count contradicts limits", annotations: map[string]string{policy.AnnotationGPUProfile: "whole", policy.AnnotationGPUCount: "1"}, spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: lim("nvidia.com/gpu", "2")}}}, err: "1 contradicts the pod's GPU resource limits (2)"},
+		{name: "profile contradicts MIG resource", annotations: map[string]string{policy.AnnotationGPUProfile: "2g.35gb"}, spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: lim("nvidia.com/mig-1g.18gb", "1")}}}, err: `"2g.35gb" contradicts resource limit nvidia.com/mig-1g.18gb`},
 		{name: "two MIG profiles", spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: lim("nvidia.com/mig-1g.18gb", "1")}, {Resources: lim("nvidia.com/mig-2g.35gb", "1")}}}, err: "a pod uses one profile"},
 		{name: "whole and MIG", spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: lim("nvidia.com/mig-1g.18gb", "1", "nvidia.com/gpu", "1")}}}, err: "ask for one kind of GPU"},
-		{name: "bad rdma", annotations: map[string]string{AnnotationRDMA: "please"}, err: `annotation bulkhead.dev/rdma: must be "true" or "false", got "please"`},
+		{name: "bad rdma", annotations: map[string]string{policy.AnnotationRDMA: "please"}, err: `annotation bulkhead.dev/rdma: must be "true" or "false", got "please"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
+	"github.com/bulkhead-runtime/bulkhead/policy"
 	"github.com/bulkhead-runtime/bulkhead/test/images"
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
@@ -112,7 +113,7 @@ func run(ctx context.Context) (retErr error) {
 		mounts                 []*cri.Mount
 	}{
 		{"stranger", "default", node.Handler, "a namespace that belongs to no tenant", nil, nil},
-		{"agent-gpu", "agents", node.Handler, "an untrusted agent asking for a MIG slice (gVisor cannot expose MIG devices)", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}, nil},
+		{"agent-gpu", "agents", node.Handler, "an untrusted agent asking for a MIG slice (gVisor cannot expose MIG devices)", map[string]string{policy.AnnotationGPUProfile: "1g.18gb"}, nil},
 		{"agent-hostfs", "agents", node.Handler, "an untrusted agent whose container mounts the host's / (judged by the node\n      from the container's OCI spec, webhook or not)", nil, hostRoot},
 		{"agent-runc", "agents", node.RuncHandler, "an untrusted agent asking for runc (the host's kernel) with handler " + node.RuncHandler, nil, nil},
 	} {
@@ -138,11 +139,11 @@ func run(ctx context.Context) (retErr error) {
 	if err != nil {
 		return err
 	}
-	notebook, err := d.runPod(node.Handler, "notebook", "research", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"}, server)
+	notebook, err := d.runPod(node.Handler, "notebook", "research", map[string]string{policy.AnnotationGPUProfile: "3g.71gb"}, server)
 	if err != nil {
 		return err
 	}
-	trainer, err := d.runPod(node.RuncHandler, "trainer", "training", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"}, "exec sleep 3600")
+	trainer, err := d.runPod(node.RuncHandler, "trainer", "training", map[string]string{policy.AnnotationGPUProfile: "3g.71gb"}, "exec sleep 3600")
 	if err != nil {
 		return err
 	}

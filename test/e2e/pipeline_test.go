@@ -19,6 +19,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/mig/mocknode"
 	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
 	"github.com/bulkhead-runtime/bulkhead/netpol"
+	"github.com/bulkhead-runtime/bulkhead/policy"
 	bhruntime "github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
@@ -180,8 +181,8 @@ func TestPipelineFencesTenantsAndReleasesEverything(t *testing.T) {
 		want        []string
 	}{
 		{"stranger", "nobody", nil, []string{"refused", "nobody/stranger"}},
-		{"agent-mig", "agents", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}, []string{"refused", "tenant agents", "gpu."}},
-		{"agent-bad", "agents", map[string]string{"bulkhead.dev/rdma": "maybe"}, []string{"refused", "bulkhead.dev/rdma"}},
+		{"agent-mig", "agents", map[string]string{policy.AnnotationGPUProfile: "1g.18gb"}, []string{"refused", "tenant agents", "gpu."}},
+		{"agent-bad", "agents", map[string]string{policy.AnnotationRDMA: "maybe"}, []string{"refused", "bulkhead.dev/rdma"}},
 	}
 	for _, r := range refusals {
 		_, err := runPod(ctx, pn.Node, podConfig(pn.Node, r.name, r.ns, r.annotations))
@@ -217,7 +218,7 @@ func TestPipelineFencesTenantsAndReleasesEverything(t *testing.T) {
 	server := "exec netprobe serve tcp:8080 udp:9090 udp:4791"
 	a1 := run("a1", "agents", nil, server)
 	a2 := run("a2", "agents", nil, "exec sleep 3600")
-	r1 := run("r1", "research", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"}, server)
+	r1 := run("r1", "research", map[string]string{policy.AnnotationGPUProfile: "1g.18gb"}, server)
 	if _, err := execSync(ctx, pn.Node, a2.ctr, "test", "-x", "/bin/netprobe"); err != nil {
 		t.Fatalf("the workload image lacks netprobe (make build): %v", err)
 	}
@@ -232,7 +233,7 @@ func TestPipelineFencesTenantsAndReleasesEverything(t *testing.T) {
 		if r.State != bhruntime.StateActive || r.Endpoint == nil {
 			t.Errorf("reservation %s: state %s endpoint %v", r.SandboxID[:12], r.State, r.Endpoint)
 		}
-		if r.SandboxID == r1.id && (r.GPU == nil || r.GPU.Profile != mig.WholeGPUProfile) {
+		if r.SandboxID == r1.id && (r.GPU == nil || !r.GPU.Whole()) {
 			t.Errorf("research pod: GPU placement %+v, want a whole GPU", r.GPU)
 		}
 	}
@@ -348,7 +349,7 @@ func TestFailureAtEveryPipelineStepLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The research pod asks for a GPU, so every step has work to undo.
-		cfg := podConfig(pn.Node, fmt.Sprintf("fail-%d", i), "research", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"})
+		cfg := podConfig(pn.Node, fmt.Sprintf("fail-%d", i), "research", map[string]string{policy.AnnotationGPUProfile: "1g.18gb"})
 		_, err := runPod(ctx, pn.Node, cfg)
 		if err == nil || !strings.Contains(err.Error(), "injected failure") {
 			t.Fatalf("step %s: RunPodSandbox = %v, want the injected failure", step, err)
@@ -392,7 +393,7 @@ func TestShimKilledMidCreateThenContainerdRestartAndGC(t *testing.T) {
 	defer cancel()
 
 	// A survivor holding a GPU, a fence entry and quota.
-	survivorCfg := podConfig(pn.Node, "survivor", "research", map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb"})
+	survivorCfg := podConfig(pn.Node, "survivor", "research", map[string]string{policy.AnnotationGPUProfile: "1g.18gb"})
 	survivor, err := runPod(ctx, pn.Node, survivorCfg)
 	if err != nil {
 		t.Fatal(err)

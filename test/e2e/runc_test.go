@@ -12,6 +12,7 @@ import (
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/bulkhead-runtime/bulkhead/policy"
 	"github.com/bulkhead-runtime/bulkhead/test/images"
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
@@ -49,7 +50,7 @@ func TestRuncTierPlacesMIGSlices(t *testing.T) {
 		t.Logf("refused as expected: %v", err)
 	}
 
-	trainer := podConfig(pn.Node, "trainer", "platform", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"})
+	trainer := podConfig(pn.Node, "trainer", "platform", map[string]string{policy.AnnotationGPUProfile: "3g.71gb"})
 	id, err := run(trainer)
 	if err != nil {
 		t.Fatalf("trusted pod with a 3g.71gb slice on %s: %v", node.RuncHandler, err)
@@ -134,7 +135,7 @@ func TestRuncShimKilledThenGC(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	cfg := podConfig(pn.Node, "victim", "platform", map[string]string{"bulkhead.dev/gpu-profile": "2g.35gb"})
+	cfg := podConfig(pn.Node, "victim", "platform", map[string]string{policy.AnnotationGPUProfile: "2g.35gb"})
 	id, err := runPodOn(ctx, pn.Node, node.RuncHandler, cfg)
 	if err != nil {
 		t.Fatal(err)
