@@ -10,6 +10,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/bulkhead-runtime/bulkhead/mig"
 	"github.com/bulkhead-runtime/bulkhead/mig/inject"
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
@@ -120,5 +121,41 @@ func TestGCRemovesOrphanCDISpecs(t *testing.T) {
 	owners, err := inject.CDISpecOwners(dir, inject.CDIKind)
 	if err != nil || strings.Join(owners, ",") != sb.ID {
 		t.Errorf("CDI specs after gc: %v %v, want the live pod's", owners, err)
+	}
+}
+
+// On real GPUs the node's allocator is strict: a whole GPU never comes from
+// a GPU in MIG mode (CUDA would see no device there); on the mock it may.
+func TestAllocatorStrictOnRealGPUs(t *testing.T) {
+	tests := []struct {
+		backend string
+		want    string // "" for a whole-GPU placement, else part of the refusal
+	}{
+		{"nvml", "MIG mode on: no whole GPU"},
+		{"mock", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.backend, func(t *testing.T) {
+			ledger, err := OpenLedger(filepath.Join(t.TempDir(), "ledger.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := DefaultConfig()
+			cfg.MIG.Backend = tt.backend
+			// No NVML is opened: the pipeline gets the GPUs as the backend
+			// would list them, all in MIG mode.
+			p := NewPipeline(cfg, Components{Ledger: ledger, GPUs: mig.NodeGPUs("h200", 1)})
+			err = ledger.View(func(tx *LedgerTx) error {
+				alloc, err := p.allocator(tx)
+				if err != nil {
+					return err
+				}
+				_, err = alloc.Allocate(mig.Request{Owner: "o", Tenant: "t", WholeGPU: true})
+				return err
+			})
+			if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("whole GPU on a MIG-enabled GPU with backend %s: %v, want %q", tt.backend, err, tt.want)
+			}
+		})
 	}
 }

@@ -370,7 +370,7 @@ func (p *Pipeline) allocator(tx *LedgerTx) (*mig.Allocator, error) {
 	if err != nil {
 		return nil, err
 	}
-	alloc, err := mig.NewAllocator(p.gpus, placements)
+	alloc, err := mig.NewAllocator(p.gpus, placements, p.allocatorOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("ledger and GPU geometry disagree: %w", err)
 	}
