@@ -193,6 +193,8 @@ func (p *pod) saveRecord(ctx context.Context) {
 // (Pipeline.Place: decide, reserve, gpu, sandbox, fence, activate). Any
 // failure unwinds every step already taken, in reverse; the record goes last.
 func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) (retErr error) {
+	began := time.Now()
+	ctx, trace := withStartTrace(ctx)
 	sb := SandboxFromSpec(id, bundle, spec)
 	if spec.Annotations[AnnotationRuntimeHandler] == "" && p.runtime == policy.RuntimeRunc {
 		sb.Handler = RuncHandler
@@ -210,7 +212,7 @@ func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 			log.G(ctx).WithError(err).Warnf("sandbox %s: remove record after failed create", sb.ID)
 		}
 		p.sandbox, p.options, p.admission = nil, nil, nil
-		log.G(ctx).WithError(retErr).Warnf("sandbox %s: refused", sb.ID)
+		log.G(ctx).WithError(retErr).Warnf("sandbox %s: refused after %v (%s)", sb.ID, time.Since(began).Round(time.Millisecond), trace)
 	}()
 
 	if p.runtime == policy.RuntimeGVisor {
@@ -236,9 +238,11 @@ func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 				return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 			}
 			// Repair whatever crashed shims left before placing this pod.
+			t := time.Now()
 			if _, err := p.pipeline.GC(ctx, p.state); err != nil {
 				log.G(ctx).WithError(err).Warn("gc at shim start")
 			}
+			traceStage(ctx, "gc", t)
 		}
 		a, err := p.pipeline.Place(ctx, sb, spec, SandboxTask{
 			Create: func(context.Context) error { return next() },
@@ -252,7 +256,8 @@ func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 	}
 	sb.Phase = PhaseCreated
 	p.saveRecord(ctx)
-	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s runtime %s tenant %q", sb.ID, sb.Namespace, sb.Name, sb.Handler, p.runtime, sb.Tenant)
+	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s runtime %s tenant %q: created in %v, %v after the shim started (%s)", sb.ID, sb.Namespace, sb.Name, sb.Handler, p.runtime, sb.Tenant,
+		time.Since(began).Round(time.Millisecond), time.Since(shimStarted).Round(time.Millisecond), trace)
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/log"
@@ -119,14 +120,22 @@ func OpenPipeline(ctx context.Context, cfg Config, runtime string) (*Pipeline, e
 	return p, nil
 }
 
+// PolicyCacheDir is the directory under the state directory where shims
+// keep the compiled plan of the verified policy bundle (policy.Options
+// PlanCacheDir); removing it only costs the next shim a compile.
+const PolicyCacheDir = "policy-cache"
+
 // OpenComponents opens the ledger, the MIG backend, the fence and (when
-// withPolicy) the policy engine named by cfg.
+// withPolicy) the policy engine named by cfg. The policy engine opens
+// while the others do: it is the slowest, and none of them needs it.
 func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Components, error) {
 	var c Components
-	var err error
-	if c.Ledger, err = OpenLedger(cfg.LedgerPath); err != nil {
-		return c, err
+	type opened struct {
+		engine *policy.Engine
+		err    error
+		took   time.Duration
 	}
+	var policyOpened chan opened
 	if withPolicy {
 		opts := policy.Options{
 			BundlePath:               cfg.Policy.Bundle,
@@ -138,57 +147,136 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 			Evaluator:                cfg.Policy.Evaluator,
 			MaxBundleBytes:           cfg.Policy.MaxBundleBytes,
 			MaxBundleFiles:           cfg.Policy.MaxBundleFiles,
+			// Every shim opens the bundle for its one pod: the second and
+			// later load its verified plan instead of compiling it.
+			PlanCacheDir: filepath.Join(cfg.StateDir, PolicyCacheDir),
 		}
 		if cfg.Policy.KeyFile != "" {
 			opts.Keys = map[string]string{cfg.Policy.KeyID: cfg.Policy.KeyFile}
 		}
-		eng, err := policy.Open(ctx, opts)
-		if err != nil {
-			return c, err // the engine names the bundle and the rule
-		}
-		c.Decider = eng
+		policyOpened = make(chan opened, 1)
+		go func() {
+			t := time.Now()
+			eng, err := policy.Open(ctx, opts)
+			policyOpened <- opened{eng, err, time.Since(t)}
+		}()
 	}
+	err := openNodeComponents(ctx, cfg, &c)
+	if withPolicy {
+		t := time.Now()
+		o := <-policyOpened
+		traceDuration(ctx, "open.policy", o.took)
+		traceStage(ctx, "open.policy-wait", t)
+		switch {
+		case err != nil && o.err == nil:
+			o.engine.Close()
+		case err == nil && o.err != nil:
+			err = o.err // the engine names the bundle and the rule
+		case err == nil:
+			c.Decider = o.engine
+		}
+	}
+	return c, err
+}
+
+// openNodeComponents opens the ledger, the MIG backend and the fence into c.
+func openNodeComponents(ctx context.Context, cfg Config, c *Components) error {
+	var err error
+	t := time.Now()
+	if c.Ledger, err = OpenLedger(cfg.LedgerPath); err != nil {
+		return err
+	}
+	t = traceStage(ctx, "open.ledger", t)
 	var nb *nvmlbackend.Backend
 	switch cfg.MIG.Backend {
 	case "", "none":
 	case "mock":
 		node, err := mocknode.Open(cfg.MIG.MockState, cfg.MIG.MockModel, cfg.MIG.MockGPUs, mocknode.Options{})
 		if err != nil {
-			return c, fmt.Errorf("mig: %w", err)
+			return fmt.Errorf("mig: %w", err)
 		}
 		if nb, err = nvmlbackend.New(node.Interface(), nvmlbackend.Options{}); err != nil {
-			return c, fmt.Errorf("mig: %w", err)
+			return fmt.Errorf("mig: %w", err)
 		}
 	case "nvml":
 		// Real NVML; MIG mode is read, never toggled.
 		if nb, err = nvmlbackend.New(nvml.New(), nvmlbackend.Options{}); err != nil {
-			return c, fmt.Errorf("mig: nvml: %w", err)
+			return fmt.Errorf("mig: nvml: %w", err)
 		}
 	default:
-		return c, fmt.Errorf("mig.backend %q: not one of none, mock, nvml", cfg.MIG.Backend)
+		return fmt.Errorf("mig.backend %q: not one of none, mock, nvml", cfg.MIG.Backend)
 	}
 	if nb != nil {
 		c.Backend = nb
 		// The backend's view keeps GPUs not in MIG mode out of slicing.
 		c.GPUs = nb.AllocatorGPUs()
 	}
+	t = traceStage(ctx, "open.mig", t)
 	if cfg.Netpol.Enabled {
 		if err := netpol.MountBPFFS(filepath.Dir(cfg.Netpol.PinDir)); err != nil {
-			return c, fmt.Errorf("netpol: %w", err)
+			return fmt.Errorf("netpol: %w", err)
 		}
 		nopts := netpol.Options{PinDir: cfg.Netpol.PinDir, LockPath: cfg.Netpol.LockPath}
 		if len(cfg.Netpol.ClusterCIDRs) > 0 || len(cfg.Netpol.SharedServices) > 0 {
 			cc, err := cfg.Netpol.cluster()
 			if err != nil {
-				return c, err
+				return err
 			}
 			nopts.Cluster = cc
 		}
 		if c.Fence, err = netpol.Open(ctx, nopts); err != nil {
-			return c, fmt.Errorf("netpol: %w", err)
+			return fmt.Errorf("netpol: %w", err)
 		}
+		traceStage(ctx, "open.fence", t)
 	}
-	return c, nil
+	return nil
+}
+
+// startTrace times the stages of one sandbox's start in its shim (opening
+// the pipeline, the GC pass, each step of Place), for the one log line the
+// shim writes per pod: where a slow start went, without a profiler.
+type startTrace struct {
+	stages []stageTime
+}
+
+type stageTime struct {
+	name string
+	d    time.Duration
+}
+
+type startTraceKey struct{}
+
+// withStartTrace returns ctx carrying a new trace.
+func withStartTrace(ctx context.Context) (context.Context, *startTrace) {
+	t := &startTrace{}
+	return context.WithValue(ctx, startTraceKey{}, t), t
+}
+
+// traceStage records that stage name of ctx's trace took from since until
+// now, and returns now; without a trace in ctx it only returns now.
+func traceStage(ctx context.Context, name string, since time.Time) time.Time {
+	now := time.Now()
+	if t, ok := ctx.Value(startTraceKey{}).(*startTrace); ok {
+		t.stages = append(t.stages, stageTime{name: name, d: now.Sub(since)})
+	}
+	return now
+}
+
+// traceDuration records that stage name of ctx's trace took d (a stage
+// timed on another goroutine).
+func traceDuration(ctx context.Context, name string, d time.Duration) {
+	if t, ok := ctx.Value(startTraceKey{}).(*startTrace); ok {
+		t.stages = append(t.stages, stageTime{name: name, d: d})
+	}
+}
+
+// String lists the stages in order as name=duration, in milliseconds.
+func (t *startTrace) String() string {
+	parts := make([]string, 0, len(t.stages))
+	for _, s := range t.stages {
+		parts = append(parts, fmt.Sprintf("%s=%.1fms", s.name, float64(s.d.Microseconds())/1000))
+	}
+	return strings.Join(parts, " ")
 }
 
 // Input builds the policy input for a sandbox.
@@ -456,6 +544,7 @@ func (p *Pipeline) fencePod(ctx context.Context, sb *Sandbox, a *Admission) erro
 	case d.Network.Isolation == "none":
 		return nil
 	}
+	t := time.Now()
 	ifindex, ifname, err := netpol.HostVeth(sb.NetNS, "")
 	if err != nil {
 		return fmt.Errorf("sandbox %s: find host veth: %w", sb.ID, err)
@@ -465,6 +554,7 @@ func (p *Pipeline) fencePod(ctx context.Context, sb *Sandbox, a *Admission) erro
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
+	t = traceStage(ctx, "fence.netns", t)
 	ep.IPv4, ep.IPv6 = v4, v6
 	ep.AllowRDMA = d.RDMA == policy.RDMAOwnVF
 	ep.DenyMetadata = d.Network.DenyMetadata
@@ -487,9 +577,11 @@ func (p *Pipeline) fencePod(ctx context.Context, sb *Sandbox, a *Admission) erro
 	if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
 		return err
 	}
+	t = traceStage(ctx, "fence.ledger", t)
 	if err := p.fence.Register(ctx, ep); err != nil {
 		return fmt.Errorf("sandbox %s: fence: %w", sb.ID, err)
 	}
+	traceStage(ctx, "fence.register", t)
 	return nil
 }
 

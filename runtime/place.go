@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -102,7 +103,10 @@ func (p *Pipeline) Place(ctx context.Context, sb *Sandbox, spec *specs.Spec, tas
 		}
 	}()
 	for _, s := range steps {
-		if err := s.do(ctx); err != nil {
+		t := time.Now()
+		err := s.do(ctx)
+		traceStage(ctx, s.name, t)
+		if err != nil {
 			if _, refused := err.(*RefusedError); refused {
 				return nil, err
 			}

@@ -39,6 +39,10 @@ const (
 	containerTypeSandbox       = "sandbox"
 )
 
+// shimStarted is about when this shim process started (its runtime
+// package initialised), for the start-time log line of its sandbox.
+var shimStarted = time.Now()
+
 // shimOOMScore keeps the shim killable but well behind the workloads it serves.
 const shimOOMScore = -999
 
