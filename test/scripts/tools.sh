@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs the pinned node toolchain (containerd, ctr, runsc, crictl, opa) into
-# TOOLS_DIR with `go install`. Each binary is keyed by its version in a stamp
-# file, so a rerun with a warm cache costs nothing; a cold run builds five
-# tools from source (about 20 minutes on two cores) and says how far it is.
+# Installs the pinned node toolchain (containerd, ctr, runsc, crictl, opa, runc)
+# and the Kubernetes components of test/cluster (kube-apiserver, kubelet,
+# kube-scheduler, kube-controller-manager, kubectl) into TOOLS_DIR with
+# `go install` / `go build`. Each step is keyed by its version in a stamp
+# file, so a rerun with a warm cache costs nothing; a cold run builds every
+# tool from source (about 35 minutes on two cores) and says how far it is.
 set -euo pipefail
 
 GO=${GO:-go}
@@ -21,7 +23,7 @@ mkdir -p "${TOOLS_DIR}/bin"
 export GOBIN="${TOOLS_DIR}/bin"
 export GOFLAGS="${GOFLAGS:-} -trimpath"
 
-TOOLS_TOTAL=6 # install_tool calls below
+TOOLS_TOTAL=7 # install_tool and build_kube calls below
 tool_n=0
 install_tool() { # name version cgo package...
 	local name=$1 version=$2 cgo=$3
@@ -53,5 +55,63 @@ install_tool runc "${RUNC_VERSION}" 1 -tags seccomp "github.com/opencontainers/r
 # tier's start times (make bench-start).
 install_tool containerd-shim-runc-v2 "${CONTAINERD_VERSION}" 1 \
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@${CONTAINERD_VERSION}"
+
+# Kubernetes of one release, built from the k8s.io/kubernetes module through
+# the tools module test/cluster/tools (its go.mod says why it exists). The
+# five commands build in one `go build`, so the packages they share compile
+# once. The version fields are set as upstream's release build sets them:
+# without them every binary reports v0.0.0-master and version-skew checks
+# (kubelet vs API server, kubectl's warning) misfire. buildDate is the
+# release's own date on the module proxy, so a rebuild is reproducible;
+# gitTreeState "archive" is what upstream writes for a build from a source
+# archive, which the module is (it carries no commit id, so gitCommit stays
+# empty rather than made up).
+KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
+build_kube() {
+	tool_n=$((tool_n + 1))
+	local mod_dir
+	mod_dir="$(cd "$(dirname "$0")/../cluster/tools" && pwd)"
+	local have
+	have=$(cd "${mod_dir}" && GOWORK=off "${GO}" list -m -f '{{.Version}}' k8s.io/kubernetes)
+	if [[ "${have}" != "${KUBE_VERSION}" ]]; then
+		echo "tools: KUBE_VERSION=${KUBE_VERSION} but ${mod_dir}/go.mod requires k8s.io/kubernetes ${have}: change both (and the staging replaces) together" >&2
+		exit 1
+	fi
+	# The stamp covers the module's go.sum too: a changed dependency rebuilds.
+	local version
+	version="${KUBE_VERSION}+$(sha256sum "${mod_dir}/go.sum" | cut -c1-12)"
+	local stamp="${TOOLS_DIR}/.kubernetes.version"
+	local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+	local missing=0 c
+	for c in "${cmds[@]}"; do [[ -x "${GOBIN}/${c}" ]] || missing=1; done
+	if ((missing == 0)) && [[ -f "${stamp}" && "$(cat "${stamp}")" == "${version}" ]]; then
+		echo "tools: ${tool_n}/${TOOLS_TOTAL} kubernetes ${KUBE_VERSION} (${cmds[*]}) (cached)"
+		return
+	fi
+	echo "tools: ${tool_n}/${TOOLS_TOTAL} building kubernetes ${KUBE_VERSION} (${cmds[*]}) from source (go build; ~15 minutes on two cores, silent until done)"
+	local start=${SECONDS}
+	local minor=${KUBE_VERSION#v1.}
+	minor=${minor%%.*}
+	local date
+	date=$(cd "${mod_dir}" && GOWORK=off "${GO}" list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes)
+	local ldflags="" pkg
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X ${pkg}.gitVersion=${KUBE_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}"
+		ldflags+=" -X ${pkg}.gitTreeState=archive -X ${pkg}.buildDate=${date}"
+	done
+	local pkgs=()
+	for c in "${cmds[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/${c}"); done
+	# Into a scratch directory first, so an interrupted build never leaves a
+	# half set beside a stamp.
+	rm -rf "${TOOLS_DIR}/.kubernetes.tmp"
+	mkdir -p "${TOOLS_DIR}/.kubernetes.tmp"
+	(cd "${mod_dir}" && GOWORK=off CGO_ENABLED=0 "${GO}" build -ldflags "-s -w${ldflags}" -o "${TOOLS_DIR}/.kubernetes.tmp/" "${pkgs[@]}")
+	for c in "${cmds[@]}"; do mv "${TOOLS_DIR}/.kubernetes.tmp/${c}" "${GOBIN}/${c}"; done
+	rmdir "${TOOLS_DIR}/.kubernetes.tmp"
+	echo "${version}" >"${stamp}"
+	local took=$((SECONDS - start))
+	echo "tools: ${tool_n}/${TOOLS_TOTAL} kubernetes ${KUBE_VERSION} built in $((took / 60))m$((took % 60))s"
+}
+build_kube
 
 echo "tools: installed in ${GOBIN}"
