@@ -48,7 +48,7 @@ deps: ## Install the Debian packages a local node needs (CNI plugins, busybox-st
 	bash test/scripts/deps.sh
 
 .PHONY: tools
-tools: ## Install pinned containerd, ctr, runsc, crictl, opa and runc into TOOLS_DIR (cached; ~20 min cold).
+tools: ## Install pinned containerd, ctr, runsc, crictl, opa, runc and Kubernetes (apiserver, kubelet, ...) into TOOLS_DIR (cached; ~35 min cold).
 	GO=$(GO) bash test/scripts/tools.sh
 
 .PHONY: test
@@ -61,6 +61,10 @@ test: build build-failpoints tools ## Run every test: unit, Rego (with coverage 
 	$(GO) test -race -count=1 -run 'TestPlanConcurrent|TestEvalHonoursCancellation|TestRuleCacheFollowsInput|TestServerAdmissionReviews|TestReviewsWaitForACPU' ./policy/...
 	@echo "fuzz: the compiled plan against OPA's interpreter on drawn inputs and data, 30 s (corpus: policy/testdata/fuzz)"
 	$(GO) test -run '^$$' -fuzz '^FuzzEvaluatorsAgree$$' -fuzztime 30s ./policy
+
+.PHONY: test-cluster
+test-cluster: build tools ## Install Bulkhead from deploy/ on a private one-node Kubernetes cluster and run the user's cases through kubectl (root; etcd from make deps).
+	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -v -count=1 -timeout 25m -run '^TestCluster$$' ./test/cluster/
 
 .PHONY: test-unit
 test-unit: ## Run the unprivileged unit tests only (short mode).

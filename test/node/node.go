@@ -63,6 +63,10 @@ type Options struct {
 	Busybox string
 	// Env is added to containerd's (and so the shims') environment.
 	Env []string
+	// KubeletRoot is the kubelet's --root-dir when a kubelet drives this
+	// node (test/cluster): the shim tells a pod's own volumes from host
+	// paths by it. Empty: the shim's default.
+	KubeletRoot string
 }
 
 // Node is a running private node.
@@ -286,7 +290,11 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	if runc == "" {
 		runc = "/usr/local/bin/runc" // not used: the runc tier is not registered
 	}
-	shimConf := fmt.Sprintf(`runsc_path = %q
+	var kubeletRoot string
+	if opts.KubeletRoot != "" {
+		kubeletRoot = fmt.Sprintf("kubelet_root = %q\n", opts.KubeletRoot)
+	}
+	shimConf := fmt.Sprintf(`%srunsc_path = %q
 runc_path = %q
 runc_root = %q
 runsc_root = %q
@@ -300,7 +308,7 @@ platform = "systrap"
 network = "sandbox"
 [pipeline]
 enabled = %t
-%s`, runsc, runc, filepath.Join(opts.Dir, "runc-root"), n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
+%s`, kubeletRoot, runsc, runc, filepath.Join(opts.Dir, "runc-root"), n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
 		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), opts.PipelineEnabled, opts.ShimConfig)
 	if err := os.WriteFile(n.ShimConf, []byte(shimConf), 0o644); err != nil {
 		return nil, err

@@ -1,0 +1,453 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	bhruntime "github.com/bulkhead-runtime/bulkhead/runtime"
+	"github.com/bulkhead-runtime/bulkhead/test/node"
+)
+
+// testTenants: agents (untrusted) for the sandbox, the refusals and the
+// operator's mistake, batch (untrusted, a sandbox quota of 3) for the
+// Deployment, platform (trusted) for runc with a MIG slice.
+const testTenants = `{"bulkhead": {"tenants": {
+  "agents":   {"tier": "untrusted", "namespaces": ["agents"], "egress_cidrs": ["10.96.0.0/12"],
+               "quota": {"sandboxes": 10, "gpu_slices": 6, "memory": "64Gi"}},
+  "batch":    {"tier": "untrusted", "namespaces": ["batch"],
+               "quota": {"sandboxes": 3, "gpu_slices": 0, "memory": "64Gi"}},
+  "platform": {"tier": "trusted", "namespaces": ["platform"]}
+}}}`
+
+// sandboxPod is an untrusted tenant's pod that passes the policy: the
+// bulkhead RuntimeClass, limits, the local image (nothing can be pulled).
+const sandboxPod = `apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: %s
+%s
+spec:
+  %s
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: main
+      image: bulkhead.local/busybox:v1
+      imagePullPolicy: Never
+      command: ["/bin/sh", "-c", "exec sleep 3600"]
+      resources:
+        limits:
+          cpu: 100m
+          memory: 64Mi
+`
+
+func pod(name, ns, runtimeClass string, annotations map[string]string) string {
+	var ann string
+	if len(annotations) > 0 {
+		ann = "  annotations:\n"
+		for k, v := range annotations {
+			ann += fmt.Sprintf("    %s: %q\n", k, v)
+		}
+	}
+	rc := ""
+	if runtimeClass != "" {
+		rc = "runtimeClassName: " + runtimeClass
+	}
+	return fmt.Sprintf(sandboxPod, name, ns, ann, rc)
+}
+
+const quotaDeployment = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: workers
+  namespace: batch
+spec:
+  replicas: 5
+  selector:
+    matchLabels: {app: workers}
+  template:
+    metadata:
+      labels: {app: workers}
+    spec:
+      runtimeClassName: bulkhead
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: main
+          image: bulkhead.local/busybox:v1
+          imagePullPolicy: Never
+          command: ["/bin/sh", "-c", "exec sleep 3600"]
+          resources:
+            limits:
+              cpu: 100m
+              memory: 64Mi
+`
+
+func repoRoot(t *testing.T) string {
+	_, file, _, _ := runtime.Caller(0)
+	root, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// eventually polls check until it returns "" or the context ends, and
+// returns the last complaint.
+func eventually(ctx context.Context, check func() string) string {
+	for {
+		why := check()
+		if why == "" {
+			return ""
+		}
+		select {
+		case <-ctx.Done():
+			return why
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// TestCluster installs Bulkhead from deploy/ on a real one-node cluster and
+// drives it through kubectl only, as a user and an operator would.
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster: starts a Kubernetes cluster (not in -short)")
+	}
+	if err := Requirements(); err != nil {
+		t.Skipf("cluster: %v", err)
+	}
+	if _, err := node.LookPath("bulkhead-webhook"); err != nil {
+		t.Skip("cluster: needs bulkhead-webhook (make build)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "bh-cluster-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := os.Getpid() % 100000
+	subnet := fmt.Sprintf("10.190.%d.0/24", os.Getpid()%250)
+	pinDir := filepath.Join("/sys/fs/bpf", "bh-cluster-"+filepath.Base(dir))
+	logf := func(format string, args ...any) { t.Logf(format, args...) }
+	started := time.Now()
+
+	in, err := PrepareInstall(ctx, InstallOptions{
+		Dir: dir, RepoRoot: repoRoot(t), TenantsJSON: testTenants,
+		Link: fmt.Sprintf("bhw%d", id), Address: fmt.Sprintf("10.191.%d.1", os.Getpid()%250), Log: logf,
+	})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	c, err := Start(ctx, Options{
+		Dir:                 dir,
+		AdmissionKubeconfig: in.AdmissionKubeconfig,
+		Node: node.Options{
+			BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d", id), Subnet: subnet,
+			PipelineEnabled: true, ShimConfig: in.ShimConfig(filepath.Join(dir, "shim"), subnet, pinDir),
+		},
+		Log: logf,
+	})
+	if err != nil {
+		in.Close()
+		_ = os.RemoveAll(pinDir)
+		_ = os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	t.Logf("cluster up in %s", time.Since(started).Round(time.Second))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("component logs (tail):\n%s", c.Logs(25))
+		}
+		if err := c.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+		_ = os.RemoveAll(pinDir)
+		assertGone(t, dir, c.CgroupRoot, in.Link, c.Node.BridgeName(), pinDir)
+	})
+	if err := in.Apply(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("bulkhead installed %s after start", time.Since(started).Round(time.Second))
+	kubectl := func(args ...string) (string, error) { return c.Kubectl(ctx, args...) }
+	apply := func(manifest string) (string, error) { return c.KubectlStdin(ctx, manifest, "apply", "-f", "-") }
+	for _, ns := range []string{"agents", "batch", "platform"} {
+		if out, err := kubectl("create", "namespace", ns); err != nil {
+			t.Fatalf("create namespace %s: %v: %s", ns, err, out)
+		}
+		if why := eventually(ctx, func() string {
+			if out, err := kubectl("-n", ns, "get", "serviceaccount", "default"); err != nil {
+				return out
+			}
+			return ""
+		}); why != "" {
+			t.Fatalf("namespace %s has no default ServiceAccount: %s", ns, why)
+		}
+	}
+
+	t.Run("1-gvisor-pod-runs", func(t *testing.T) {
+		if out, err := apply(pod("sandboxed", "agents", "bulkhead", nil)); err != nil {
+			t.Fatalf("kubectl apply: %v\n%s", err, out)
+		} else {
+			t.Logf("$ kubectl apply -f sandboxed.yaml\n%s", out)
+		}
+		if out, err := kubectl("-n", "agents", "wait", "--for=condition=Ready", "pod/sandboxed", "--timeout=180s"); err != nil {
+			d, _ := kubectl("-n", "agents", "describe", "pod", "sandboxed")
+			t.Fatalf("pod not Ready: %v: %s\n%s", err, out, d)
+		}
+		out, err := kubectl("-n", "agents", "exec", "sandboxed", "--", "dmesg")
+		if err != nil || !strings.Contains(out, "gVisor") {
+			t.Fatalf("kubectl exec sandboxed -- dmesg: %v\n%s\nwant the gVisor kernel's boot messages", err, out)
+		}
+		t.Logf("$ kubectl -n agents exec sandboxed -- dmesg\n%s", out)
+	})
+
+	t.Run("2-untrusted-pod-without-runtimeclass-rejected", func(t *testing.T) {
+		out, err := apply(pod("plain", "agents", "", nil))
+		if err == nil {
+			t.Fatalf("kubectl apply of an untrusted pod without runtimeClassName succeeded:\n%s", out)
+		}
+		t.Logf("$ kubectl apply -f plain.yaml\n%s", out)
+		for _, want := range []string{`admission webhook "validate.bulkhead.dev" denied the request`, "[runtime.handler_required]", `requires runtimeClassName "bulkhead"`} {
+			if !strings.Contains(out, want) {
+				t.Errorf("error lacks %q", want)
+			}
+		}
+	})
+
+	t.Run("3-deployment-over-sandbox-quota", func(t *testing.T) {
+		if out, err := apply(quotaDeployment); err != nil {
+			t.Fatalf("kubectl apply: %v\n%s", err, out)
+		}
+		var events string
+		if why := eventually(ctx, func() string {
+			out, err := kubectl("-n", "batch", "get", "pods", "-l", "app=workers", "--field-selector=status.phase=Running", "-o", "name")
+			if err != nil {
+				return out
+			}
+			if n := len(strings.Fields(out)); n != 3 {
+				return fmt.Sprintf("%d pods Running, want 3", n)
+			}
+			events, err = kubectl("-n", "batch", "get", "events", "--field-selector=involvedObject.kind=ReplicaSet,reason=FailedCreate", "-o", "custom-columns=MESSAGE:.message", "--no-headers")
+			if err != nil || !strings.Contains(events, "[quota.sandboxes]") {
+				return "no FailedCreate event of the ReplicaSet names quota.sandboxes yet: " + events
+			}
+			return ""
+		}); why != "" {
+			d, _ := kubectl("-n", "batch", "describe", "replicaset")
+			t.Fatalf("%s\n%s", why, d)
+		}
+		// The ReplicaSet has tried past the quota; still exactly 3 pods exist.
+		out, _ := kubectl("-n", "batch", "get", "pods", "-l", "app=workers", "-o", "name")
+		if n := len(strings.Fields(out)); n != 3 {
+			t.Errorf("%d pods exist, want exactly 3:\n%s", n, out)
+		}
+		d, _ := kubectl("-n", "batch", "describe", "replicaset", "-l", "app=workers")
+		t.Logf("$ kubectl -n batch get pods\n%s", mustOut(kubectl("-n", "batch", "get", "pods")))
+		t.Logf("$ kubectl -n batch describe replicaset -l app=workers\n%s", d)
+		if out, err := kubectl("-n", "batch", "delete", "deployment", "workers", "--wait=true"); err != nil {
+			t.Errorf("delete deployment: %v: %s", err, out)
+		}
+	})
+
+	t.Run("4-exempted-namespace-refused-by-node", func(t *testing.T) {
+		// The operator's mistake: the tenant's namespace added to the
+		// webhook's exemptions. The node still judges with the same bundle.
+		patch := `[{"op":"add","path":"/webhooks/0/namespaceSelector/matchExpressions/0/values/-","value":"agents"}]`
+		if out, err := kubectl("patch", "validatingwebhookconfiguration", "bulkhead", "--type=json", "-p", patch); err != nil {
+			t.Fatalf("exempt agents: %v: %s", err, out)
+		}
+		defer func() {
+			unpatch := `[{"op":"test","path":"/webhooks/0/namespaceSelector/matchExpressions/0/values/2","value":"agents"},{"op":"remove","path":"/webhooks/0/namespaceSelector/matchExpressions/0/values/2"}]`
+			if out, err := kubectl("patch", "validatingwebhookconfiguration", "bulkhead", "--type=json", "-p", unpatch); err != nil {
+				t.Errorf("restore the exemptions: %v: %s", err, out)
+			}
+		}()
+		out, err := apply(pod("whole-gpu", "agents", "bulkhead", map[string]string{"bulkhead.dev/gpu-profile": "whole"}))
+		if err != nil {
+			t.Fatalf("kubectl apply in an exempted namespace: %v\n%s", err, out)
+		}
+		t.Logf("$ kubectl apply -f whole-gpu.yaml\n%s", out)
+		var describe string
+		if why := eventually(ctx, func() string {
+			describe, _ = kubectl("-n", "agents", "describe", "pod", "whole-gpu")
+			if !strings.Contains(describe, "FailedCreatePodSandBox") || !strings.Contains(describe, "bulkhead refused") {
+				return "no FailedCreatePodSandBox event naming the refusal yet"
+			}
+			return ""
+		}); why != "" {
+			t.Fatalf("%s:\n%s", why, describe)
+		}
+		t.Logf("$ kubectl -n agents describe pod whole-gpu\n%s", describe)
+		if !strings.Contains(describe, "gpu.whole_forbidden") {
+			t.Errorf("the refusal does not name gpu.whole_forbidden")
+		}
+		if out, err := kubectl("-n", "agents", "delete", "pod", "whole-gpu", "--wait=true"); err != nil {
+			t.Errorf("delete pod: %v: %s", err, out)
+		}
+	})
+
+	t.Run("5-webhook-down-fails-closed", func(t *testing.T) {
+		in.StopWebhook()
+		out, err := apply(pod("while-down", "agents", "bulkhead", nil))
+		t.Logf("$ kubectl apply -f while-down.yaml   (webhook stopped)\n%s", out)
+		if err == nil {
+			t.Errorf("pod created while the webhook was down (failurePolicy: Fail)")
+		}
+		for _, want := range []string{`failed calling webhook "validate.bulkhead.dev"`, "connection refused"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("error lacks %q", want)
+			}
+		}
+		if err := in.StartWebhook(ctx, c); err != nil {
+			t.Fatalf("restart the webhook: %v", err)
+		}
+	})
+
+	t.Run("runc-tier-trusted-pod-with-mig-slice", func(t *testing.T) {
+		for _, bin := range []string{"containerd-shim-bulkhead-runc-v1", "runc"} {
+			if _, err := node.LookPath(bin); err != nil {
+				t.Skipf("runc tier: needs %s (make build tools)", bin)
+			}
+		}
+		if out, err := apply(pod("trainer", "platform", "bulkhead-runc", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"})); err != nil {
+			t.Fatalf("kubectl apply: %v\n%s", err, out)
+		}
+		if out, err := kubectl("-n", "platform", "wait", "--for=condition=Ready", "pod/trainer", "--timeout=180s"); err != nil {
+			d, _ := kubectl("-n", "platform", "describe", "pod", "trainer")
+			t.Fatalf("pod not Ready: %v: %s\n%s", err, out, d)
+		}
+		// The container's own process: exec'd processes take containerd's
+		// stored spec, which the shim does not rewrite (test/e2e says so too).
+		env, err := kubectl("-n", "platform", "exec", "trainer", "--", "sh", "-c", `tr '\0' '\n' </proc/1/environ`)
+		uuid := strings.TrimPrefix(grepLines(env, "NVIDIA_VISIBLE_DEVICES="), "NVIDIA_VISIBLE_DEVICES=")
+		if err != nil || !strings.HasPrefix(uuid, "MIG-") {
+			t.Errorf("the pod's environment: %v\n%s\nwant NVIDIA_VISIBLE_DEVICES=MIG-...", err, env)
+		}
+		status, err := exec.CommandContext(ctx, mustLook(t, "bulkhead"), "node", "status", "--config", c.Node.ShimConf).CombinedOutput()
+		if err != nil || uuid == "" || !strings.Contains(string(status), uuid) || !strings.Contains(string(status), "3g.71gb") {
+			t.Errorf("bulkhead node status does not list the pod's 3g.71gb instance %q: %v\n%s", uuid, err, status)
+		}
+		host, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+		if rel, err := kubectl("-n", "platform", "exec", "trainer", "--", "cat", "/proc/sys/kernel/osrelease"); err != nil || strings.TrimSpace(rel) != strings.TrimSpace(string(host)) {
+			t.Errorf("kernel in the runc pod: %q (%v), want the host's %q", rel, err, host)
+		}
+		t.Logf("$ kubectl -n platform exec trainer -- sh -c \"tr '\\0' '\\n' </proc/1/environ\" | grep NVIDIA\n%s", grepLines(env, "NVIDIA"))
+		t.Logf("$ bulkhead node status\n%s", status)
+	})
+
+	t.Run("6-uninstall-leaves-nothing", func(t *testing.T) {
+		if err := in.Uninstall(ctx, c, "agents", "batch", "platform"); err != nil {
+			t.Fatal(err)
+		}
+		out, err := kubectl("get", "validatingwebhookconfigurations,mutatingwebhookconfigurations,runtimeclasses,clusterroles,clusterrolebindings,namespaces", "-o", "name")
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if l := grepLines(out, "bulkhead"); l != "" {
+			t.Errorf("cluster-scoped objects left:\n%s", l)
+		}
+		out, err = kubectl("get", "all,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,poddisruptionbudgets,endpointslices,events", "-A", "-o", "name")
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if l := grepLines(out, "bulkhead"); l != "" {
+			t.Errorf("namespaced objects left:\n%s", l)
+		}
+		if out, _ := kubectl("get", "node", NodeName, "--show-labels"); strings.Contains(out, "bulkhead.dev/node") {
+			t.Errorf("node label left:\n%s", out)
+		}
+		// The node: every sandbox removed by the kubelet (its GC removes
+		// the sandboxes of deleted pods), the ledger, the fence and the
+		// MIG mock empty, no shim left.
+		if why := eventually(ctx, func() string {
+			resp, err := c.Node.Runtime.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+			if err != nil {
+				return err.Error()
+			}
+			if len(resp.Items) != 0 {
+				return fmt.Sprintf("%d sandboxes left on the node", len(resp.Items))
+			}
+			return ""
+		}); why != "" {
+			t.Errorf("%s", why)
+		}
+		status, err := exec.CommandContext(ctx, mustLook(t, "bulkhead"), "node", "status", "--config", c.Node.ShimConf).CombinedOutput()
+		t.Logf("$ bulkhead node status\n%s", status)
+		if err != nil || !strings.Contains(string(status), "no sandboxes on this node") || strings.Contains(string(status), "MIG-") {
+			t.Errorf("bulkhead node status after uninstall: %v", err)
+		}
+		l, err := bhruntime.OpenLedger(filepath.Join(c.Node.Dir(), "ledger.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.View(func(tx *bhruntime.LedgerTx) error {
+			res, err := tx.List()
+			if err != nil || len(res) != 0 {
+				t.Errorf("node ledger: %d reservations left (%v)", len(res), err)
+			}
+			return nil
+		})
+		for _, p := range node.ProcessesUnder(c.Node.Dir()) {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+			if s := strings.ReplaceAll(string(cmd), "\x00", " "); strings.Contains(s, "shim") || strings.Contains(s, "runsc") {
+				t.Errorf("process left: %d %s", p, s)
+			}
+		}
+	})
+}
+
+// assertGone checks what Stop must have removed.
+func assertGone(t *testing.T, dir, cgroupRoot, link, bridge, pinDir string) {
+	t.Helper()
+	if pids := node.ProcessesUnder(dir); len(pids) > 0 {
+		t.Errorf("processes left under %s: %v", dir, pids)
+	}
+	if m := node.MountsUnder(dir); len(m) > 0 {
+		t.Errorf("mounts left under %s: %v", dir, m)
+	}
+	for _, p := range []string{dir, pinDir} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s left", p)
+		}
+	}
+	for _, h := range v1Hierarchies() {
+		if _, err := os.Stat(filepath.Join(h, cgroupRoot)); err == nil {
+			t.Errorf("cgroup %s left", filepath.Join(h, cgroupRoot))
+		}
+	}
+	for _, l := range []string{link, bridge} {
+		if err := exec.Command("ip", "link", "show", l).Run(); err == nil {
+			t.Errorf("link %s left", l)
+		}
+	}
+}
+
+func grepLines(s, word string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, word) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func mustOut(s string, _ error) string { return s }
+
+func mustLook(t *testing.T, bin string) string {
+	p, err := node.LookPath(bin)
+	if err != nil {
+		t.Fatalf("needs %s (make build)", bin)
+	}
+	return p
+}

@@ -1,0 +1,282 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// AdmissionPlugins are enabled on the API server on top of the release's
+// defaults (which stay on): NodeRestriction, off by default and on in every
+// production control plane (kubeadm's), limits the kubelet to its own node;
+// the others are named because these tests rely on them, so that a release
+// that changed its defaults fails here rather than passing untested.
+// NamespaceLifecycle refuses objects in a namespace being deleted
+// (uninstall), ServiceAccount fills in the pod's token, RuntimeClass adds
+// the RuntimeClass's overhead and node selector, PodSecurity enforces the
+// bulkhead-system namespace's label, ValidatingAdmissionWebhook calls
+// Bulkhead's webhook.
+var AdmissionPlugins = []string{
+	"NamespaceLifecycle", "ServiceAccount", "NodeRestriction", "PodSecurity",
+	"RuntimeClass", "Priority", "ValidatingAdmissionWebhook", "ResourceQuota",
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	c.APIServer = fmt.Sprintf("https://127.0.0.1:%d", port)
+	serving, servingKey, err := c.pki.issue("apiserver", "kube-apiserver", nil,
+		"127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+		"kubernetes.default.svc.cluster.local")
+	if err != nil {
+		return err
+	}
+	// The API server's client certificate to kubelets (exec, logs).
+	kubeletClient, kubeletClientKey, err := c.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"})
+	if err != nil {
+		return err
+	}
+	saKey, saPub, err := c.pki.serviceAccountKey()
+	if err != nil {
+		return err
+	}
+	args := []string{
+		"--etcd-servers=" + c.etcdURL,
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
+		"--tls-cert-file=" + serving, "--tls-private-key-file=" + servingKey,
+		"--client-ca-file=" + c.CAFile,
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=" + strings.Join(AdmissionPlugins, ","),
+		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
+		"--kubelet-client-certificate=" + kubeletClient, "--kubelet-client-key=" + kubeletClientKey,
+		// The kubelet is "localhost": exec and logs stay on loopback.
+		"--kubelet-preferred-address-types=Hostname",
+		// No kube-proxy routes Service IPs here: the API server calls a
+		// webhook Service at one of its endpoints instead of its ClusterIP.
+		"--enable-aggregator-routing=true",
+		"--allow-privileged=true",
+		"--cert-dir=" + filepath.Join(c.dir, "apiserver-certs"),
+		"--profiling=false",
+	}
+	if c.opts.AdmissionKubeconfig != "" {
+		admission := filepath.Join(c.dir, "admission.yaml")
+		conf := fmt.Sprintf(`apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+  - name: ValidatingAdmissionWebhook
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: WebhookAdmissionConfiguration
+      kubeConfigFile: %s
+  - name: MutatingAdmissionWebhook
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: WebhookAdmissionConfiguration
+      kubeConfigFile: %s
+`, c.opts.AdmissionKubeconfig, c.opts.AdmissionKubeconfig)
+		if err := os.WriteFile(admission, []byte(conf), 0o644); err != nil {
+			return err
+		}
+		args = append(args, "--admission-control-config-file="+admission)
+	}
+	p, err := c.run("kube-apiserver", args...)
+	if err != nil {
+		return err
+	}
+	if c.Kubeconfig, err = c.kubeconfig("admin", "bulkhead-test-admin", "system:masters"); err != nil {
+		return err
+	}
+	return waitFor(ctx, p, "kube-apiserver", 3*time.Minute, func(ctx context.Context) error {
+		out, err := c.Kubectl(ctx, "get", "--raw", "/readyz")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+}
+
+func (c *Cluster) startControllers(ctx context.Context) error {
+	cm, err := c.kubeconfig("controller-manager", "system:kube-controller-manager")
+	if err != nil {
+		return err
+	}
+	saKey := filepath.Join(c.pki.dir, "sa.key")
+	if _, err := c.run("kube-controller-manager",
+		"--kubeconfig="+cm, "--authentication-kubeconfig="+cm, "--authorization-kubeconfig="+cm,
+		"--leader-elect=false", "--secure-port=0",
+		// Each controller acts as its own ServiceAccount, as kubeadm runs it.
+		"--use-service-account-credentials=true",
+		"--service-account-private-key-file="+saKey, "--root-ca-file="+c.CAFile,
+		"--cluster-signing-cert-file="+c.CAFile, "--cluster-signing-key-file="+filepath.Join(c.pki.dir, "ca.key"),
+		"--profiling=false"); err != nil {
+		return err
+	}
+	sched, err := c.kubeconfig("scheduler", "system:kube-scheduler")
+	if err != nil {
+		return err
+	}
+	if _, err := c.run("kube-scheduler",
+		"--kubeconfig="+sched, "--authentication-kubeconfig="+sched, "--authorization-kubeconfig="+sched,
+		"--leader-elect=false", "--secure-port=0", "--profiling=false"); err != nil {
+		return err
+	}
+	return nil
+}
+
+// kubeletConfig is the kubelet's configuration on this kernel: cgroups v1
+// with v2 alongside need cgroupfs (no systemd manages them here) and
+// failCgroupV1: false (recent releases refuse v1 otherwise). Ports, paths
+// and the cgroup root are the cluster's own, so that two clusters on one
+// machine never meet; eviction and image GC thresholds are off because the
+// test images are imported, not pulled back after a GC.
+const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: %d
+readOnlyPort: 0
+healthzPort: 0
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: %s
+authorization:
+  mode: Webhook
+cgroupDriver: cgroupfs
+cgroupRoot: %s
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://%s
+imageServiceEndpoint: unix://%s
+podLogsDir: %s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "0%%"
+  nodefs.available: "0%%"
+  nodefs.inodesFree: "0%%"
+  imagefs.available: "0%%"
+`
+
+func (c *Cluster) startKubelet(ctx context.Context) error {
+	if err := c.makeCgroupRoot(); err != nil {
+		return err
+	}
+	if _, err := os.Stat("/var/log/containers"); errors.Is(err, os.ErrNotExist) {
+		c.madeLogDir = true
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	kc, err := c.kubeconfig("kubelet", "system:node:"+NodeName, "system:nodes")
+	if err != nil {
+		return err
+	}
+	conf := filepath.Join(c.dir, "kubelet.yaml")
+	sock := c.Node.Socket
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(kubeletConfig, port, c.CAFile, c.CgroupRoot, sock, sock,
+		filepath.Join(c.dir, "pod-logs"))), 0o644); err != nil {
+		return err
+	}
+	p, err := c.run("kubelet", "--config="+conf, "--kubeconfig="+kc,
+		"--root-dir="+c.KubeletRoot, "--hostname-override="+NodeName)
+	if err != nil {
+		return err
+	}
+	if err := waitFor(ctx, p, "node "+NodeName+" Ready", 3*time.Minute, func(ctx context.Context) error {
+		out, err := c.Kubectl(ctx, "get", "node", NodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if strings.TrimSpace(out) != "True" {
+			return fmt.Errorf("Ready=%q", out)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	// The controller manager's serviceaccount controller creates it; pods
+	// are refused by the ServiceAccount admission plugin until it does.
+	return waitFor(ctx, nil, "ServiceAccount default/default", 2*time.Minute, func(ctx context.Context) error {
+		out, err := c.Kubectl(ctx, "-n", "default", "get", "serviceaccount", "default")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+}
+
+// v1Hierarchies lists the mounted cgroup v1 hierarchies (/sys/fs/cgroup/X).
+func v1Hierarchies() []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(l, " - ")
+		if !ok || !strings.HasPrefix(post, "cgroup ") {
+			continue
+		}
+		f := strings.Fields(pre)
+		if len(f) > 4 {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// makeCgroupRoot creates the kubelet's cgroup root in every hierarchy: the
+// kubelet requires it to exist, and a root of its own keeps its pods' and
+// QoS cgroups apart from any other kubelet's and makes them removable.
+func (c *Cluster) makeCgroupRoot() error {
+	hs := v1Hierarchies()
+	if len(hs) == 0 {
+		return errors.New("cluster: no cgroup v1 hierarchy mounted (the kubelet here is configured for v1)")
+	}
+	for _, h := range append(hs, "/sys/fs/cgroup/unified") {
+		if _, err := os.Stat(h); err != nil {
+			continue
+		}
+		if err := os.Mkdir(filepath.Join(h, c.CgroupRoot), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("cluster: cgroup root %s: %w", filepath.Join(h, c.CgroupRoot), err)
+		}
+	}
+	return nil
+}
+
+// removeCgroupRoot removes the cgroup root and everything below it,
+// deepest first, in every hierarchy; it returns what it could not remove.
+func (c *Cluster) removeCgroupRoot() []string {
+	var left []string
+	for _, h := range append(v1Hierarchies(), "/sys/fs/cgroup/unified") {
+		root := filepath.Join(h, c.CgroupRoot)
+		if _, err := os.Stat(root); err != nil {
+			continue
+		}
+		var dirs []string
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+				left = append(left, dirs[i])
+			}
+		}
+	}
+	return left
+}
