@@ -110,6 +110,29 @@ findings contains {
 	not clean_path(path)
 }
 
+# CDI requests. containerd injects the CDI devices named in an annotation
+# "cdi.k8s.io/<name>" (value: comma-separated "vendor/class=device" names)
+# into the container's spec. A CDI name says nothing about which host device
+# nodes, mounts or environment it brings, so only a tier that allows every
+# device ("/dev/**") may ask for one by annotation. The node judges the
+# device nodes injected either way (workload.device_forbidden); this refuses
+# the request where the pod author wrote it. Bulkhead hands out GPUs itself
+# (bulkhead.dev/gpu-profile) and DRA claims are bulkhead.dra's to judge.
+cdi_annotation_prefix := "cdi.k8s.io/"
+
+default annotations := {}
+
+annotations := input.pod.annotations
+
+findings contains {
+	"rule": "workload.cdi_device",
+	"message": sprintf("pod annotation %q asks containerd for CDI devices %q; tier %q allows devices %v, and a CDI request needs \"/dev/**\"", [key, value, identity.tier_label, settings.allowed_devices]),
+} if {
+	some key, value in annotations
+	startswith(key, cdi_annotation_prefix)
+	not device_allowed("/dev/**")
+}
+
 # Host paths: every container mount's host path and every hostPath volume,
 # mounted or not.
 

@@ -30,6 +30,8 @@ privileged(doc) := fx.container(doc, {"privileged": true})
 
 device(doc, path) := fx.container(doc, {"devices": [path]})
 
+cdi(doc, key, value) := object.union(doc, {"pod": {"annotations": {key: value}}})
+
 caps(doc, names) := fx.container(doc, {"added_capabilities": names})
 
 sysctl(doc, name) := object.union(doc, {"pod": {"sysctls": {name: "1"}}})
@@ -48,6 +50,12 @@ test_workload_table if {
 		[object.union(fx.research, {"pod": {"host_ipc": true}}), {"workload.host_namespace"}],
 		[object.union(fx.platform, {"pod": {"host_network": true}}), set()],
 		[device(fx.agent, "/dev/kvm"), {"workload.device_forbidden"}],
+		# CDI devices asked for by annotation: only where every device is allowed.
+		[cdi(fx.agent, "cdi.k8s.io/gpu", "bulkhead.dev/gpu=GPU-1"), {"workload.cdi_device"}],
+		[cdi(fx.research, "cdi.k8s.io/x", "vendor.com/device=a,vendor.com/device=b"), {"workload.cdi_device"}],
+		[cdi(fx.platform, "cdi.k8s.io/gpu", "bulkhead.dev/gpu=GPU-1"), set()],
+		[cdi(fx.agent, "example.com/cdi.k8s.io", "x"), set()],
+		[cdi(fx.agent, "cdi.k8s.io.example.com/x", "x"), set()],
 		[device(fx.research, "/dev/nvidia0"), {"workload.device_forbidden"}],
 		[device(fx.platform, "/dev/nvidia0"), set()],
 		# RDMA devices are bulkhead.rdma's to judge.

@@ -102,6 +102,9 @@ func TestReviewHostAccess(t *testing.T) {
 		{name: "legacy AppArmor annotation unconfined", mutate: func(p *corev1.Pod) {
 			p.Annotations[corev1.DeprecatedAppArmorBetaContainerAnnotationKeyPrefix+"main"] = "unconfined"
 		}, want: []string{"[workload.unconfined]", "AppArmor"}},
+		{name: "CDI device by annotation", mutate: func(p *corev1.Pod) {
+			p.Annotations["cdi.k8s.io/gpu"] = "bulkhead.dev/gpu=GPU-00000000-0000-0000-0000-000000000001"
+		}, want: []string{"[workload.cdi_device]", `"cdi.k8s.io/gpu"`, "bulkhead.dev/gpu=GPU-"}},
 		{name: "init container adds a capability", mutate: func(p *corev1.Pod) {
 			p.Spec.InitContainers = []corev1.Container{{Name: "setup", Image: digestImage,
 				SecurityContext: &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}}}}
