@@ -138,6 +138,7 @@ func TestCluster(t *testing.T) {
 	subnet := fmt.Sprintf("10.190.%d.0/24", os.Getpid()%250)
 	pinDir := filepath.Join("/sys/fs/bpf", "bh-cluster-"+filepath.Base(dir))
 	logf := func(format string, args ...any) { t.Logf(format, args...) }
+	kubeChainsBefore := kubeChains()
 	started := time.Now()
 
 	in, err := PrepareInstall(ctx, InstallOptions{
@@ -173,6 +174,9 @@ func TestCluster(t *testing.T) {
 		}
 		_ = os.RemoveAll(pinDir)
 		assertGone(t, dir, c.CgroupRoot, in.Link, c.Node.BridgeName(), pinDir)
+		if after := kubeChains(); after != kubeChainsBefore {
+			t.Errorf("iptables KUBE-* chains changed (the kubelet must leave the host's tables alone):\nbefore:\n%s\nafter:\n%s", kubeChainsBefore, after)
+		}
 	})
 	if err := in.Apply(ctx, c); err != nil {
 		t.Fatal(err)
@@ -430,6 +434,18 @@ func assertGone(t *testing.T, dir, cgroupRoot, link, bridge, pinDir string) {
 			t.Errorf("link %s left", l)
 		}
 	}
+}
+
+// kubeChains lists the host's iptables lines that name KUBE- chains.
+func kubeChains() string {
+	var out []string
+	for _, save := range []string{"iptables-save", "ip6tables-save"} {
+		b, _ := exec.Command(save).Output()
+		if l := grepLines(string(b), "KUBE-"); l != "" {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 func grepLines(s, word string) string {

@@ -136,7 +136,10 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 // failCgroupV1: false (recent releases refuse v1 otherwise). Ports, paths
 // and the cgroup root are the cluster's own, so that two clusters on one
 // machine never meet; eviction and image GC thresholds are off because the
-// test images are imported, not pulled back after a GC.
+// test images are imported, not pulled back after a GC. makeIPTablesUtilChains
+// is off: those chains (KUBE-FIREWALL in INPUT and OUTPUT, canaries) are
+// host-wide, serve only kube-proxy, which does not run here, and would
+// outlive the cluster.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
@@ -156,6 +159,7 @@ cgroupDriver: cgroupfs
 cgroupRoot: %s
 failCgroupV1: false
 failSwapOn: false
+makeIPTablesUtilChains: false
 containerRuntimeEndpoint: unix://%s
 imageServiceEndpoint: unix://%s
 podLogsDir: %s
