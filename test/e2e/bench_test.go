@@ -76,8 +76,9 @@ var (
 
 // shimStages collects, per stage, the durations the Bulkhead shim logged
 // for each sandbox it created (runtime's "created in" line), sorted.
-// "create" is the whole sandbox create in the shim, "since-exec" the time
-// from the shim process's start to the end of it.
+// "create" is the whole sandbox create in the shim, "added" that but the
+// task service's own create (the sandbox step), "since-exec" the time from
+// the shim process's start to the end of it.
 func shimStages(log string) map[string][]time.Duration {
 	out := map[string][]time.Duration{}
 	for _, line := range strings.Split(log, "\n") {
@@ -85,17 +86,28 @@ func shimStages(log string) map[string][]time.Duration {
 		if m == nil {
 			continue
 		}
-		if d, err := time.ParseDuration(m[1]); err == nil {
-			out["create"] = append(out["create"], d)
+		create, createErr := time.ParseDuration(m[1])
+		if createErr == nil {
+			out["create"] = append(out["create"], create)
 		}
 		if d, err := time.ParseDuration(m[2]); err == nil {
 			out["since-exec"] = append(out["since-exec"], d)
 		}
+		var taskCreate time.Duration
 		for _, f := range stageField.FindAllStringSubmatch(m[3], -1) {
 			ms, err := strconv.ParseFloat(f[2], 64)
 			if err == nil {
-				out[f[1]] = append(out[f[1]], time.Duration(ms*float64(time.Millisecond)))
+				d := time.Duration(ms * float64(time.Millisecond))
+				out[f[1]] = append(out[f[1]], d)
+				if f[1] == "sandbox" {
+					taskCreate = d
+				}
 			}
+		}
+		// What Bulkhead added to the sandbox's create: all of it but the
+		// task service's own create (runsc's or runc's).
+		if createErr == nil {
+			out["added"] = append(out["added"], create-taskCreate)
 		}
 	}
 	for _, d := range out {
@@ -105,7 +117,7 @@ func shimStages(log string) map[string][]time.Duration {
 }
 
 // stageOrder is the order the stages are printed in.
-var stageOrder = []string{"since-exec", "create", "open.ledger", "open.mig", "open.fence", "open.policy", "open.policy-wait", "gc", "decide", "reserve", "gpu", "sandbox", "fence", "fence.netns", "fence.ledger", "fence.register", "activate"}
+var stageOrder = []string{"since-exec", "create", "added", "open.ledger", "open.mig", "open.fence", "open.policy", "open.policy-wait", "gc", "decide", "reserve", "gpu", "sandbox", "fence", "fence.netns", "fence.ledger", "fence.register", "activate"}
 
 // BenchmarkPodStart times 20 pod starts through the CRI for each of:
 // Bulkhead gVisor with the pipeline (policy, ledger, GPU, eBPF fence) off
