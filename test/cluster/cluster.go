@@ -55,6 +55,9 @@ type Options struct {
 	// webhook admission plugins read (WebhookAdmissionConfiguration's
 	// kubeConfigFile): the client certificates it presents to webhooks.
 	AdmissionKubeconfig string
+	// RemoveAfterStop lists paths outside Dir that Stop removes last, once
+	// nothing can hold them (the fence's pin directory on bpffs).
+	RemoveAfterStop []string
 	// Log, when set, receives one line per step.
 	Log func(format string, args ...any)
 }
@@ -423,8 +426,10 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	if m := node.MountsUnder(c.dir); len(m) > 0 {
 		left = append(left, "mounts "+strings.Join(m, " "))
 	}
-	if err := os.RemoveAll(c.dir); err != nil {
-		left = append(left, err.Error())
+	for _, p := range append([]string{c.dir}, c.opts.RemoveAfterStop...) {
+		if err := os.RemoveAll(p); err != nil {
+			left = append(left, err.Error())
+		}
 	}
 	if len(left) > 0 {
 		return fmt.Errorf("cluster %s: left behind: %s", c.dir, strings.Join(left, "; "))

@@ -17,80 +17,6 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
-// testTenants: agents (untrusted) for the sandbox, the refusals and the
-// operator's mistake, batch (untrusted, a sandbox quota of 3) for the
-// Deployment, platform (trusted) for runc with a MIG slice.
-const testTenants = `{"bulkhead": {"tenants": {
-  "agents":   {"tier": "untrusted", "namespaces": ["agents"], "egress_cidrs": ["10.96.0.0/12"],
-               "quota": {"sandboxes": 10, "gpu_slices": 6, "memory": "64Gi"}},
-  "batch":    {"tier": "untrusted", "namespaces": ["batch"],
-               "quota": {"sandboxes": 3, "gpu_slices": 0, "memory": "64Gi"}},
-  "platform": {"tier": "trusted", "namespaces": ["platform"]}
-}}}`
-
-// sandboxPod is an untrusted tenant's pod that passes the policy: the
-// bulkhead RuntimeClass, limits, the local image (nothing can be pulled).
-const sandboxPod = `apiVersion: v1
-kind: Pod
-metadata:
-  name: %s
-  namespace: %s
-%s
-spec:
-  %s
-  terminationGracePeriodSeconds: 2
-  containers:
-    - name: main
-      image: bulkhead.local/busybox:v1
-      imagePullPolicy: Never
-      command: ["/bin/sh", "-c", "exec sleep 3600"]
-      resources:
-        limits:
-          cpu: 100m
-          memory: 64Mi
-`
-
-func pod(name, ns, runtimeClass string, annotations map[string]string) string {
-	var ann string
-	if len(annotations) > 0 {
-		ann = "  annotations:\n"
-		for k, v := range annotations {
-			ann += fmt.Sprintf("    %s: %q\n", k, v)
-		}
-	}
-	rc := ""
-	if runtimeClass != "" {
-		rc = "runtimeClassName: " + runtimeClass
-	}
-	return fmt.Sprintf(sandboxPod, name, ns, ann, rc)
-}
-
-const quotaDeployment = `apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: workers
-  namespace: batch
-spec:
-  replicas: 5
-  selector:
-    matchLabels: {app: workers}
-  template:
-    metadata:
-      labels: {app: workers}
-    spec:
-      runtimeClassName: bulkhead
-      terminationGracePeriodSeconds: 2
-      containers:
-        - name: main
-          image: bulkhead.local/busybox:v1
-          imagePullPolicy: Never
-          command: ["/bin/sh", "-c", "exec sleep 3600"]
-          resources:
-            limits:
-              cpu: 100m
-              memory: 64Mi
-`
-
 func repoRoot(t *testing.T) string {
 	_, file, _, _ := runtime.Caller(0)
 	root, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", ".."))
@@ -134,34 +60,11 @@ func TestCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := os.Getpid() % 100000
-	subnet := fmt.Sprintf("10.190.%d.0/24", os.Getpid()%250)
-	pinDir := filepath.Join("/sys/fs/bpf", "bh-cluster-"+filepath.Base(dir))
 	logf := func(format string, args ...any) { t.Logf(format, args...) }
 	kubeChainsBefore := kubeChains()
 	started := time.Now()
-
-	in, err := PrepareInstall(ctx, InstallOptions{
-		Dir: dir, RepoRoot: repoRoot(t), TenantsJSON: testTenants,
-		Link: fmt.Sprintf("bhw%d", id), Address: fmt.Sprintf("10.191.%d.1", os.Getpid()%250), Log: logf,
-	})
+	c, in, err := StartStory(ctx, dir, repoRoot(t), logf)
 	if err != nil {
-		_ = os.RemoveAll(dir)
-		t.Fatal(err)
-	}
-	c, err := Start(ctx, Options{
-		Dir:                 dir,
-		AdmissionKubeconfig: in.AdmissionKubeconfig,
-		Node: node.Options{
-			BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d", id), Subnet: subnet,
-			PipelineEnabled: true, ShimConfig: in.ShimConfig(filepath.Join(dir, "shim"), subnet, pinDir),
-		},
-		Log: logf,
-	})
-	if err != nil {
-		in.Close()
-		_ = os.RemoveAll(pinDir)
-		_ = os.RemoveAll(dir)
 		t.Fatal(err)
 	}
 	t.Logf("cluster up in %s", time.Since(started).Round(time.Second))
@@ -172,8 +75,7 @@ func TestCluster(t *testing.T) {
 		if err := c.Stop(context.Background()); err != nil {
 			t.Error(err)
 		}
-		_ = os.RemoveAll(pinDir)
-		assertGone(t, dir, c.CgroupRoot, in.Link, c.Node.BridgeName(), pinDir)
+		assertGone(t, c, in.Link)
 		if after := kubeChains(); after != kubeChainsBefore {
 			t.Errorf("iptables KUBE-* chains changed (the kubelet must leave the host's tables alone):\nbefore:\n%s\nafter:\n%s", kubeChainsBefore, after)
 		}
@@ -199,7 +101,7 @@ func TestCluster(t *testing.T) {
 	}
 
 	t.Run("1-gvisor-pod-runs", func(t *testing.T) {
-		if out, err := apply(pod("sandboxed", "agents", "bulkhead", nil)); err != nil {
+		if out, err := apply(Pod("sandboxed", "agents", "bulkhead", nil)); err != nil {
 			t.Fatalf("kubectl apply: %v\n%s", err, out)
 		} else {
 			t.Logf("$ kubectl apply -f sandboxed.yaml\n%s", out)
@@ -216,7 +118,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("2-untrusted-pod-without-runtimeclass-rejected", func(t *testing.T) {
-		out, err := apply(pod("plain", "agents", "", nil))
+		out, err := apply(Pod("plain", "agents", "", nil))
 		if err == nil {
 			t.Fatalf("kubectl apply of an untrusted pod without runtimeClassName succeeded:\n%s", out)
 		}
@@ -229,7 +131,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("3-deployment-over-sandbox-quota", func(t *testing.T) {
-		if out, err := apply(quotaDeployment); err != nil {
+		if out, err := apply(QuotaDeployment); err != nil {
 			t.Fatalf("kubectl apply: %v\n%s", err, out)
 		}
 		var events string
@@ -276,7 +178,7 @@ func TestCluster(t *testing.T) {
 				t.Errorf("restore the exemptions: %v: %s", err, out)
 			}
 		}()
-		out, err := apply(pod("whole-gpu", "agents", "bulkhead", map[string]string{"bulkhead.dev/gpu-profile": "whole"}))
+		out, err := apply(Pod("whole-gpu", "agents", "bulkhead", map[string]string{"bulkhead.dev/gpu-profile": "whole"}))
 		if err != nil {
 			t.Fatalf("kubectl apply in an exempted namespace: %v\n%s", err, out)
 		}
@@ -302,7 +204,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("5-webhook-down-fails-closed", func(t *testing.T) {
 		in.StopWebhook()
-		out, err := apply(pod("while-down", "agents", "bulkhead", nil))
+		out, err := apply(Pod("while-down", "agents", "bulkhead", nil))
 		t.Logf("$ kubectl apply -f while-down.yaml   (webhook stopped)\n%s", out)
 		if err == nil {
 			t.Errorf("pod created while the webhook was down (failurePolicy: Fail)")
@@ -323,7 +225,7 @@ func TestCluster(t *testing.T) {
 				t.Skipf("runc tier: needs %s (make build tools)", bin)
 			}
 		}
-		if out, err := apply(pod("trainer", "platform", "bulkhead-runc", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"})); err != nil {
+		if out, err := apply(Pod("trainer", "platform", "bulkhead-runc", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"})); err != nil {
 			t.Fatalf("kubectl apply: %v\n%s", err, out)
 		}
 		if out, err := kubectl("-n", "platform", "wait", "--for=condition=Ready", "pod/trainer", "--timeout=180s"); err != nil {
@@ -411,15 +313,16 @@ func TestCluster(t *testing.T) {
 }
 
 // assertGone checks what Stop must have removed.
-func assertGone(t *testing.T, dir, cgroupRoot, link, bridge, pinDir string) {
+func assertGone(t *testing.T, c *Cluster, link string) {
 	t.Helper()
+	dir, cgroupRoot, bridge := c.Dir(), c.CgroupRoot, c.Node.BridgeName()
 	if pids := node.ProcessesUnder(dir); len(pids) > 0 {
 		t.Errorf("processes left under %s: %v", dir, pids)
 	}
 	if m := node.MountsUnder(dir); len(m) > 0 {
 		t.Errorf("mounts left under %s: %v", dir, m)
 	}
-	for _, p := range []string{dir, pinDir} {
+	for _, p := range append([]string{dir}, c.opts.RemoveAfterStop...) {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s left", p)
 		}
