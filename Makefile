@@ -84,6 +84,14 @@ demo: ## Run a real local node (containerd + Bulkhead + gVisor + eBPF fence) wit
 	bash test/scripts/deps.sh
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(BIN)/demo
 
+.PHONY: demo-cluster
+demo-cluster: ## Install Bulkhead on a private one-node Kubernetes cluster and show what kubectl shows at each step: `sudo make demo-cluster`.
+	@if [ "$$(id -u)" != 0 ]; then echo "make demo-cluster: the cluster needs root (kubelet, containerd, cgroups, eBPF): run sudo make demo-cluster" >&2; exit 2; fi
+	$(AS_USER) $(if $(AS_USER),env PATH="$(dir $(GO)):/usr/local/bin:/usr/bin:/bin") $(MAKE) --no-print-directory GO=$(GO) TOOLS_DIR=$(TOOLS_DIR) build tools
+	$(AS_USER) $(if $(AS_USER),env PATH="$(dir $(GO)):/usr/local/bin:/usr/bin:/bin") $(GO) build -o $(BIN)/demo-cluster ./test/cluster/demo
+	bash test/scripts/deps.sh
+	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(BIN)/demo-cluster
+
 .PHONY: bench
 bench: bench-policy bench-mig bench-netpol bench-webhook bench-start ## Run every benchmark.
 
