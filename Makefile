@@ -48,7 +48,7 @@ deps: ## Install the Debian packages a local node needs (CNI plugins, busybox-st
 	bash test/scripts/deps.sh
 
 .PHONY: tools
-tools: ## Install pinned containerd, ctr, runsc, crictl, opa, runc and Kubernetes (apiserver, kubelet, ...) into TOOLS_DIR (cached; ~35 min cold).
+tools: ## Install pinned containerd, ctr, runsc, crictl, opa, runc and Kubernetes (apiserver, kubelet, ...) into TOOLS_DIR (cached; ~35 min cold on two idle cores).
 	GO=$(GO) bash test/scripts/tools.sh
 
 .PHONY: test

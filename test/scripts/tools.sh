@@ -4,7 +4,8 @@
 # kube-scheduler, kube-controller-manager, kubectl) into TOOLS_DIR with
 # `go install` / `go build`. Each step is keyed by its version in a stamp
 # file, so a rerun with a warm cache costs nothing; a cold run builds every
-# tool from source (about 35 minutes on two cores) and says how far it is.
+# tool from source (about 35 minutes on two idle cores, Kubernetes alone 15 of
+# them; 44 minutes for Kubernetes alone on two busy ones) and says how far it is.
 set -euo pipefail
 
 GO=${GO:-go}
@@ -88,7 +89,7 @@ build_kube() {
 		echo "tools: ${tool_n}/${TOOLS_TOTAL} kubernetes ${KUBE_VERSION} (${cmds[*]}) (cached)"
 		return
 	fi
-	echo "tools: ${tool_n}/${TOOLS_TOTAL} building kubernetes ${KUBE_VERSION} (${cmds[*]}) from source (go build; ~15 minutes on two cores, silent until done)"
+	echo "tools: ${tool_n}/${TOOLS_TOTAL} building kubernetes ${KUBE_VERSION} (${cmds[*]}) from source (go build; ~15 minutes on two idle cores, ~45 on busy ones; silent until done)"
 	local start=${SECONDS}
 	local minor=${KUBE_VERSION#v1.}
 	minor=${minor%%.*}
