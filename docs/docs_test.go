@@ -13,9 +13,9 @@
 //
 // A run block runs with `bash -eu -o pipefail` in a scratch directory holding
 // a copy of what a fresh clone has that the docs use (rego/, deploy/, the
-// Makefile, go.mod, test/scripts) and the repository's bin/ (`make build`),
-// with neither bin/ nor the tools directory on PATH: a block that needs them
-// says so itself. In a console block the lines starting with "$ " are
+// Makefile, go.mod, test/scripts, test/cluster/tools) and the repository's
+// bin/ (`make build`), with neither bin/ nor the tools directory on PATH: a
+// block that needs them says so itself. In a console block the lines starting with "$ " are
 // commands and the lines after each are its output, which must come out
 // byte for byte. A skipped block is still checked: it must parse as shell,
 // and every `bulkhead` command in it must exist with the flags it uses.
@@ -218,10 +218,6 @@ func repoRoot(t *testing.T) string {
 	return repo
 }
 
-// notYetMarked are documents other work is editing right now; their blocks
-// are marked last. TEMPORARY: this list is empty when issue 18 is done.
-var notYetMarked = []string{"install.md", "mig.md", "runtime.md", "netpol.md", "benchmarks.md"}
-
 // allBlocks parses the README and docs/*.md; every marker and fence must be
 // well formed and every shell block marked.
 func allBlocks(t *testing.T) []block {
@@ -240,12 +236,6 @@ func allBlocks(t *testing.T) []block {
 			t.Fatal(err)
 		}
 		bs, err := parseBlocks(filepath.Base(d), b)
-		if slices.Contains(notYetMarked, filepath.Base(d)) {
-			if err != nil {
-				t.Logf("not yet marked (notYetMarked):\n%v", err)
-			}
-			continue
-		}
 		errs = append(errs, err)
 		all = append(all, bs...)
 	}
@@ -498,7 +488,7 @@ func TestDocBlocksRun(t *testing.T) {
 				}
 			}
 			scratch := t.TempDir()
-			for _, p := range []string{"rego", "deploy", "Makefile", "go.mod", "go.sum", "test/scripts"} {
+			for _, p := range []string{"rego", "deploy", "Makefile", "go.mod", "go.sum", "test/scripts", "test/cluster/tools"} {
 				dst := filepath.Join(scratch, p)
 				if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 					t.Fatal(err)
