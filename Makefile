@@ -47,6 +47,10 @@ build-failpoints: ## Build the test shim that honours BULKHEAD_TEST_FAIL_AT into
 deps: ## Install the Debian packages a local node needs (CNI plugins, busybox-static, iproute2); root.
 	bash test/scripts/deps.sh
 
+.PHONY: tools-node
+tools-node: ## Install only what a local node needs (containerd, ctr, runsc, crictl, opa, runc) into TOOLS_DIR (cached; ~20 min cold): make demo and make bench-start use it.
+	GO=$(GO) bash test/scripts/tools.sh node
+
 .PHONY: tools
 tools: ## Install pinned containerd, ctr, runsc, crictl, opa, runc and Kubernetes (apiserver, kubelet, ...) into TOOLS_DIR (cached; ~35 min cold on two idle cores).
 	GO=$(GO) bash test/scripts/tools.sh
@@ -79,7 +83,7 @@ vet: ## go vet and gofmt check.
 demo: ## Run a real local node (containerd + Bulkhead + gVisor + eBPF fence) with three tenants: `sudo make demo`.
 	@if [ "$$(id -u)" != 0 ]; then echo "make demo: the node needs root (containerd, bridges, eBPF): run sudo make demo" >&2; exit 2; fi
 	@$(if $(AS_USER),echo "demo: building as $(SUDO_USER) with $(GO) (tools in $(TOOLS_DIR)); only the node runs as root")
-	$(AS_USER) $(if $(AS_USER),env PATH="$(dir $(GO)):/usr/local/bin:/usr/bin:/bin") $(MAKE) --no-print-directory GO=$(GO) TOOLS_DIR=$(TOOLS_DIR) build tools
+	$(AS_USER) $(if $(AS_USER),env PATH="$(dir $(GO)):/usr/local/bin:/usr/bin:/bin") $(MAKE) --no-print-directory GO=$(GO) TOOLS_DIR=$(TOOLS_DIR) build tools-node
 	$(AS_USER) $(if $(AS_USER),env PATH="$(dir $(GO)):/usr/local/bin:/usr/bin:/bin") $(GO) build -o $(BIN)/demo ./test/demo
 	bash test/scripts/deps.sh
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(BIN)/demo
@@ -112,7 +116,7 @@ bench-webhook: ## Benchmark the admission webhook with concurrent TLS clients.
 	$(GO) test -run '^$$' -bench . -benchmem ./policy/admission/...
 
 .PHONY: bench-start
-bench-start: build build-failpoints tools ## 20 pod starts through CRI: p50/p95 with the pipeline on vs off (root).
+bench-start: build build-failpoints tools-node ## 20 pod starts through CRI: p50/p95 with the pipeline on vs off (root).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkPodStart -benchtime 1x ./test/e2e/...
 
 # govulncheck, pinned, and the Go vulnerability database built from the

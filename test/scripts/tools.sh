@@ -6,9 +6,21 @@
 # file, so a rerun with a warm cache costs nothing; a cold run builds every
 # tool from source (about 35 minutes on two idle cores, Kubernetes alone 15 of
 # them; 44 minutes for Kubernetes alone on two busy ones) and says how far it is.
+#
+# Usage: tools.sh [node|all]. "node" installs only what a local node needs
+# (make tools-node: the demo, the e2e tests, opa for building bundles);
+# "all" (the default, make tools) adds Kubernetes for test/cluster.
 set -euo pipefail
 
 GO=${GO:-go}
+TOOLS_SET=${1:-all}
+case "${TOOLS_SET}" in
+node | all) ;;
+*)
+	echo "tools.sh: unknown set \"${TOOLS_SET}\" (want node or all)" >&2
+	exit 2
+	;;
+esac
 
 TOOLS_DIR=${TOOLS_DIR:-${HOME}/.cache/bulkhead/tools}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
@@ -24,7 +36,8 @@ mkdir -p "${TOOLS_DIR}/bin"
 export GOBIN="${TOOLS_DIR}/bin"
 export GOFLAGS="${GOFLAGS:-} -trimpath"
 
-TOOLS_TOTAL=7 # install_tool and build_kube calls below
+TOOLS_TOTAL=6 # install_tool calls below, plus build_kube for "all"
+if [[ "${TOOLS_SET}" == all ]]; then TOOLS_TOTAL=7; fi
 tool_n=0
 install_tool() { # name version cgo package...
 	local name=$1 version=$2 cgo=$3
@@ -113,6 +126,6 @@ build_kube() {
 	local took=$((SECONDS - start))
 	echo "tools: ${tool_n}/${TOOLS_TOTAL} kubernetes ${KUBE_VERSION} built in $((took / 60))m$((took % 60))s"
 }
-build_kube
+if [[ "${TOOLS_SET}" == all ]]; then build_kube; fi
 
 echo "tools: installed in ${GOBIN}"
