@@ -50,6 +50,6 @@
 // A policy error, an undefined decision, a bundle that does not verify, a
 // ledger or NVML error, or a fence that cannot be loaded (the fence is on
 // unless the node's file says netpol.enabled = false) refuses the pod with
-// a message naming the rule: "bulkhead refused pod NS/NAME (tenant T):
-// rule.id: message".
+// a message naming the rule as the webhook does: "bulkhead refused pod
+// NS/NAME (tenant T): [rule.id] message".
 package runtime

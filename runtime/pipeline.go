@@ -66,7 +66,7 @@ func (e *RefusedError) Error() string {
 	var parts []string
 	for _, r := range e.Reasons {
 		if r.Enforcement == "" || r.Enforcement == policy.EnforceDeny {
-			parts = append(parts, r.Rule+": "+r.Message)
+			parts = append(parts, "["+r.Rule+"] "+r.Message)
 		}
 	}
 	if len(parts) == 0 {

@@ -259,7 +259,7 @@ func TestAdmitContainerJudgesTheSpec(t *testing.T) {
 		switch {
 		case tt.rule == "" && err != nil:
 			t.Errorf("%s %+v: refused: %v", tt.ns, spec.Mounts[len(spec.Mounts)-1], err)
-		case tt.rule != "" && (err == nil || !strings.Contains(err.Error(), tt.rule+":")):
+		case tt.rule != "" && (err == nil || !strings.Contains(err.Error(), "["+tt.rule+"] ")):
 			t.Errorf("%s: AdmitContainer = %v, want a refusal naming %s", tt.ns, err, tt.rule)
 		case err != nil && !strings.HasPrefix(err.Error(), "bulkhead refused pod "+tt.ns+"/pod"):
 			t.Errorf("refusal %q does not read like a sandbox refusal", err)

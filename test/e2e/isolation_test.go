@@ -88,7 +88,7 @@ func TestNodeJudgesEveryContainerWithoutTheWebhook(t *testing.T) {
 			t.Errorf("container %s: created; want the node to refuse it with %s", r.name, r.rule)
 			continue
 		}
-		for _, want := range []string{"bulkhead refused pod agents/agent", r.rule + ":"} {
+		for _, want := range []string{"bulkhead refused pod agents/agent", "[" + r.rule + "] "} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("container %s: refusal %q lacks %q", r.name, err, want)
 			}
