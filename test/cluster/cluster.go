@@ -83,9 +83,10 @@ type Cluster struct {
 	procs   []*process
 	etcdURL string
 	onStop  []func()
-	// madeLogDir: the kubelet's /var/log/containers did not exist before.
-	madeLogDir bool
-	bin        map[string]string
+	// madeDirs: host directories the kubelet creates when they are absent
+	// (kubeletHostDirs) that did not exist before it started.
+	madeDirs []string
+	bin      map[string]string
 }
 
 // process is one component, in its own process group.
@@ -419,9 +420,9 @@ func (c *Cluster) Stop(ctx context.Context) error {
 				_ = os.Remove(p)
 			}
 		}
-		if c.madeLogDir {
-			_ = os.Remove("/var/log/containers") // only if empty: another kubelet may use it
-		}
+	}
+	for _, d := range c.madeDirs {
+		_ = os.Remove(d) // only if empty: another kubelet may use it
 	}
 	if m := node.MountsUnder(c.dir); len(m) > 0 {
 		left = append(left, "mounts "+strings.Join(m, " "))

@@ -172,12 +172,20 @@ evictionHard:
   imagefs.available: "0%%"
 `
 
+// kubeletHostDirs are host directories outside the cluster's own that appear
+// while it runs, whatever the kubelet is told: the kubelet's links to
+// container logs, and CDI's directory of generated specs (seen created by a
+// run of TestCluster, not by the e2e tests' containerd alone).
+var kubeletHostDirs = []string{"/var/log/containers", "/var/run/cdi"}
+
 func (c *Cluster) startKubelet(ctx context.Context) error {
 	if err := c.makeCgroupRoot(); err != nil {
 		return err
 	}
-	if _, err := os.Stat("/var/log/containers"); errors.Is(err, os.ErrNotExist) {
-		c.madeLogDir = true
+	for _, d := range kubeletHostDirs {
+		if _, err := os.Stat(d); errors.Is(err, os.ErrNotExist) {
+			c.madeDirs = append(c.madeDirs, d)
+		}
 	}
 	port, err := freePort()
 	if err != nil {
