@@ -1,82 +1,15 @@
 package runtime
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
-	"encoding/pem"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/open-policy-agent/opa/v1/bundle"
-	"github.com/open-policy-agent/opa/v1/loader"
-
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
-
-// signedTarball builds rego/ without its tests as a tarball signed for key
-// id "bulkhead" and scope "bulkhead", as deploy/ does, and returns it and
-// the public key's file.
-func signedTarball(t *testing.T, dir string) (tarball, pubKey string) {
-	t.Helper()
-	src := filepath.Join(dir, "bundle-src")
-	if err := os.Mkdir(src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	files, _ := filepath.Glob("../rego/*.rego")
-	files = append(files, "../rego/.manifest", "../rego/data.json")
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.rego") {
-			continue
-		}
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(src, filepath.Base(f)), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	priv, pubKey := filepath.Join(dir, "key"), filepath.Join(dir, "key.pub")
-	claims := filepath.Join(dir, "claims.json")
-	for path, content := range map[string][]byte{
-		priv:   pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
-		pubKey: pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}),
-		claims: []byte(`{"scope": "bulkhead"}`),
-	} {
-		if err := os.WriteFile(path, content, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, err := loader.NewFileLoader().AsBundle(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.GenerateSignature(bundle.NewSigningConfig(priv, "RS256", claims), "bulkhead", true); err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if err := bundle.NewWriter(&buf).UseModulePath(true).Write(*b); err != nil {
-		t.Fatal(err)
-	}
-	tarball = filepath.Join(dir, "bundle.tar.gz")
-	if err := os.WriteFile(tarball, buf.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return tarball, pubKey
-}
 
 // TestShimsSharePolicyPlanCache: the first shim to open a signed bundle
 // leaves its compiled plan under the state directory; the next opens it
@@ -84,7 +17,12 @@ func signedTarball(t *testing.T, dir string) (tarball, pubKey string) {
 // open's stages reach the sandbox's start trace.
 func TestShimsSharePolicyPlanCache(t *testing.T) {
 	dir := t.TempDir()
-	tarball, pubKey := signedTarball(t, dir)
+	// Signed with the real opa, as deploy/ signs (skips without it); the
+	// tenants come from the unsigned data file, as on a node.
+	tarball, pubKey, err := node.SignBundle(dir, "../rego", `{"bulkhead": {"tenants": {}}}`, node.BinDirs())
+	if err != nil {
+		t.Skip(err)
+	}
 	tenants := filepath.Join(dir, "tenants.json")
 	if err := os.WriteFile(tenants, []byte(testTenants), 0o644); err != nil {
 		t.Fatal(err)
@@ -93,7 +31,7 @@ func TestShimsSharePolicyPlanCache(t *testing.T) {
 	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
 	cfg.Netpol.Enabled = false // the fence needs root; test/e2e opens it
-	cfg.Policy = PolicyConfig{Bundle: tarball, KeyFile: pubKey, KeyID: "bulkhead", Scope: "bulkhead", Data: tenants}
+	cfg.Policy = PolicyConfig{Bundle: tarball, KeyFile: pubKey, KeyID: node.BundleKeyID, Scope: node.BundleScope, Data: tenants}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
