@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -75,7 +76,7 @@ func (e *RefusedError) Error() string {
 	return fmt.Sprintf("bulkhead refused pod %s/%s (tenant %s): %s", e.Namespace, e.Pod, tenant, strings.Join(parts, "; "))
 }
 
-// Pipeline places one pod: policy → quota → GPU → sandbox → fence. Each
+// Pipeline places one pod: policy → quota → GPU → sandbox and fence. Each
 // shim process builds its own; the node-wide state is the ledger, the MIG
 // backend's devices and the pinned eBPF maps.
 type Pipeline struct {
@@ -236,6 +237,8 @@ func openNodeComponents(ctx context.Context, cfg Config, c *Components) error {
 // the pipeline, the GC pass, each step of Place), for the one log line the
 // shim writes per pod: where a slow start went, without a profiler.
 type startTrace struct {
+	// mu guards stages: steps that run at the same time record into one trace.
+	mu     sync.Mutex
 	stages []stageTime
 }
 
@@ -256,9 +259,7 @@ func withStartTrace(ctx context.Context) (context.Context, *startTrace) {
 // now, and returns now; without a trace in ctx it only returns now.
 func traceStage(ctx context.Context, name string, since time.Time) time.Time {
 	now := time.Now()
-	if t, ok := ctx.Value(startTraceKey{}).(*startTrace); ok {
-		t.stages = append(t.stages, stageTime{name: name, d: now.Sub(since)})
-	}
+	traceDuration(ctx, name, now.Sub(since))
 	return now
 }
 
@@ -266,12 +267,16 @@ func traceStage(ctx context.Context, name string, since time.Time) time.Time {
 // timed on another goroutine).
 func traceDuration(ctx context.Context, name string, d time.Duration) {
 	if t, ok := ctx.Value(startTraceKey{}).(*startTrace); ok {
+		t.mu.Lock()
 		t.stages = append(t.stages, stageTime{name: name, d: d})
+		t.mu.Unlock()
 	}
 }
 
 // String lists the stages in order as name=duration, in milliseconds.
 func (t *startTrace) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	parts := make([]string, 0, len(t.stages))
 	for _, s := range t.stages {
 		parts = append(parts, fmt.Sprintf("%s=%.1fms", s.name, float64(s.d.Microseconds())/1000))
