@@ -13,13 +13,19 @@
 // # One pod's path
 //
 // One shim process serves one pod (containerd routes every container of the
-// pod to it by io.kubernetes.cri.sandbox-id). Two shims share the code:
+// pod to it by io.kubernetes.cri.sandbox-id). Two shims share the code, each
+// wrapping its task service around one Pod:
 //
 //   - containerd-shim-bulkhead-v1 (handler bulkhead): gVisor's task service
-//     with PodExtension in front of it;
+//     with gvisor.PodExtension (package runtime/gvisor) in front of it;
 //   - containerd-shim-bulkhead-runc-v1 (handler bulkhead-runc): containerd's
 //     runc task service with RuncTask in front of it, for the tiers the
 //     policy lets run on the host kernel.
+//
+// This package imports nothing of gVisor: whatever only the gVisor shim
+// needs (its pod extension, its shim manager, runsc's options) lives in
+// runtime/gvisor, so that the runc shim, executed twice on every pod start,
+// does not link and initialise gVisor's shim library.
 //
 // On the sandbox's create, in order: record (the sandbox's file, before
 // anything exists, so that GC can find a crash); decide (the policy, from

@@ -54,7 +54,7 @@ func RegisterRuncTaskService() {
 			if err != nil {
 				return nil, fmt.Errorf("runc task service: %w", err)
 			}
-			return NewRuncTask(cfg, next), nil
+			return NewRuncTask(cfg, next)
 		},
 	})
 }
@@ -64,17 +64,24 @@ func RegisterRuncTaskService() {
 // straight to runc's.
 type RuncTask struct {
 	taskAPI.TTRPCTaskService
-	*pod
+	cfg Config
+	pod *Pod
 }
 
 // NewRuncTask returns the pod's task service in front of next.
-func NewRuncTask(cfg Config, next taskAPI.TTRPCTaskService) *RuncTask {
-	t := &RuncTask{TTRPCTaskService: next}
-	t.pod = newPod(cfg, policy.RuntimeRunc, func(ctx context.Context, id string) error {
-		_, err := next.Delete(ctx, &taskAPI.DeleteRequest{ID: id})
-		return err
+func NewRuncTask(cfg Config, next taskAPI.TTRPCTaskService) (*RuncTask, error) {
+	pod, err := NewPod(PodOptions{
+		Config:  cfg,
+		Runtime: policy.RuntimeRunc,
+		DeleteTask: func(ctx context.Context, id string) error {
+			_, err := next.Delete(ctx, &taskAPI.DeleteRequest{ID: id})
+			return err
+		},
 	})
-	return t
+	if err != nil {
+		return nil, err
+	}
+	return &RuncTask{TTRPCTaskService: next, cfg: cfg, pod: pod}, nil
 }
 
 // RegisterTTRPC serves the task API through the pipeline.
@@ -94,9 +101,16 @@ func (t *RuncTask) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*t
 		return nil, err
 	}
 	r.Options = opts
-	return createTask(ctx, t.pod, r.ID, r.Bundle, func() (*taskAPI.CreateTaskResponse, error) {
-		return t.TTRPCTaskService.Create(ctx, r)
+	var resp *taskAPI.CreateTaskResponse
+	err = t.pod.Create(ctx, r.ID, r.Bundle, func(string) error {
+		var err error
+		resp, err = t.TTRPCTaskService.Create(ctx, r)
+		return err
 	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
 
 // Delete deletes a container; deleting the sandbox container releases
@@ -106,6 +120,6 @@ func (t *RuncTask) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskA
 	if err != nil || r.ExecID != "" {
 		return resp, err
 	}
-	t.deleted(ctx, r.ID)
+	t.pod.Deleted(ctx, r.ID)
 	return resp, nil
 }

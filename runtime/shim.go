@@ -2,29 +2,14 @@ package runtime
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"time"
 
-	types "github.com/containerd/containerd/api/types"
-	"github.com/containerd/containerd/v2/core/mount"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/containerd/v2/pkg/sys"
 	"github.com/containerd/log"
-	"golang.org/x/sys/unix"
-	"gvisor.dev/gvisor/pkg/shim/v1/proc"
-	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
-	"gvisor.dev/gvisor/pkg/shim/v1/runsccmd"
 )
-
-// RuntimeType is the containerd runtime type that selects this shim
-// (binary containerd-shim-bulkhead-v1).
-const RuntimeType = "io.containerd.bulkhead.v1"
 
 // CRI annotations containerd sets on every sandbox and container spec.
 const (
@@ -36,7 +21,9 @@ const (
 	AnnotationContainerName    = "io.kubernetes.cri.container-name"
 	AnnotationImageName        = "io.kubernetes.cri.image-name"
 	AnnotationRuntimeHandler   = "io.containerd.cri.runtime-handler"
-	containerTypeSandbox       = "sandbox"
+	// ContainerTypeSandbox is AnnotationContainerType's value on a pod's
+	// sandbox (pause) container.
+	ContainerTypeSandbox = "sandbox"
 )
 
 // shimStarted is about when this shim process started (its runtime
@@ -46,106 +33,12 @@ var shimStarted = time.Now()
 // shimOOMScore keeps the shim killable but well behind the workloads it serves.
 const shimOOMScore = -999
 
-// gvisorOptionsFile is the file gVisor's shim library reads from its working
-// directory (the sandbox bundle) to learn that grouping is on. Bulkhead
-// writes it from its own configuration.
-const gvisorOptionsFile = "config.toml"
-
-// NewManager returns the shim manager: it starts one shim process per pod
-// (keyed by the CRI sandbox id) and cleans up after a shim that died.
-func NewManager() shim.Manager { return manager{} }
-
-type manager struct{}
-
-func (manager) Name() string { return RuntimeType }
-
-// Start implements shim.Manager. It runs in a short-lived `start` process in
-// the container's bundle directory, and either returns the address of the
-// pod's running shim or starts a new one.
-func (manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ shim.BootstrapParams, retErr error) {
-	cfg, err := LoadConfig(ConfigPath())
-	if err != nil {
-		return shim.BootstrapParams{}, err
-	}
-	annotations, err := readBundleAnnotations(".")
-	if err != nil {
-		return shim.BootstrapParams{}, fmt.Errorf("container %s: %w", id, err)
-	}
-	group := id
-	if sid := annotations[AnnotationSandboxID]; sid != "" {
-		group = sid
-	}
-
-	address, err := shim.SocketAddress(ctx, opts.Address, group, opts.Debug)
-	if err != nil {
-		return shim.BootstrapParams{}, err
-	}
-	params := shim.BootstrapParams{Version: 2, Address: address, Protocol: "ttrpc"}
-	socket, err := shim.NewSocket(address)
-	if err != nil {
-		if !shim.SocketEaddrinuse(err) {
-			return shim.BootstrapParams{}, fmt.Errorf("pod %s: create shim socket: %w", group, err)
-		}
-		// Another container of this pod: its shim is already serving.
-		if shim.CanConnect(address) {
-			return params, os.WriteFile("address", []byte(address), 0o644)
-		}
-		// A socket left by a shim that died.
-		if err := shim.RemoveSocket(address); err != nil {
-			return shim.BootstrapParams{}, fmt.Errorf("pod %s: remove stale shim socket: %w", group, err)
-		}
-		if socket, err = shim.NewSocket(address); err != nil {
-			return shim.BootstrapParams{}, fmt.Errorf("pod %s: create shim socket: %w", group, err)
-		}
-	}
-	defer func() {
-		if retErr != nil {
-			socket.Close()
-			_ = shim.RemoveSocket(address)
-		}
-	}()
-
-	if err := writeGVisorOptions(gvisorOptionsFile, cfg); err != nil {
-		return shim.BootstrapParams{}, err
-	}
-	if err := os.WriteFile("address", []byte(address), 0o644); err != nil {
-		return shim.BootstrapParams{}, err
-	}
-	f, err := socket.File()
-	if err != nil {
-		return shim.BootstrapParams{}, err
-	}
-	defer f.Close()
-
-	cmd, err := daemonCommand(ctx, id, opts)
-	if err != nil {
-		return shim.BootstrapParams{}, err
-	}
-	cmd.ExtraFiles = append(cmd.ExtraFiles, f)
-	if err := cmd.Start(); err != nil {
-		return shim.BootstrapParams{}, fmt.Errorf("pod %s: start shim: %w", group, err)
-	}
-	defer func() {
-		if retErr != nil {
-			_ = cmd.Process.Kill()
-		}
-	}()
-	go func() { _ = cmd.Wait() }()
-
-	if err := shim.WritePidFile("shim.pid", cmd.Process.Pid); err != nil {
-		return shim.BootstrapParams{}, err
-	}
-	if err := setShimOOMScore(cmd.Process.Pid); err != nil {
-		return shim.BootstrapParams{}, err
-	}
-	return params, nil
-}
-
-// setShimOOMScore gives the shim -999 where the process may lower scores
-// (CAP_SYS_RESOURCE) and otherwise containerd's own score + 1. It must not
-// log: containerd reads the start command's output as bootstrap parameters.
-// The shim itself warns about the fallback once it serves (WarnOOMScore).
-func setShimOOMScore(pid int) error {
+// SetShimOOMScore gives the shim process pid -999 where the caller may
+// lower scores (CAP_SYS_RESOURCE) and otherwise containerd's own score + 1.
+// It must not log: containerd reads the start command's output as bootstrap
+// parameters. The shim itself warns about the fallback once it serves
+// (WarnOOMScore).
+func SetShimOOMScore(pid int) error {
 	if err := sys.SetOOMScore(pid, shimOOMScore); err != nil {
 		if err := shim.AdjustOOMScore(pid); err != nil {
 			return fmt.Errorf("shim pid %d: set oom_score_adj: %w", pid, err)
@@ -163,93 +56,5 @@ func WarnOOMScore(ctx context.Context) {
 	}
 }
 
-func daemonCommand(ctx context.Context, id string, opts shim.StartOpts) (*exec.Cmd, error) {
-	ns, err := namespaces.NamespaceRequired(ctx)
-	if err != nil {
-		return nil, err
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cwd, err := os.Getwd()
-	if err != nil {
-		return nil, err
-	}
-	args := []string{"-namespace", ns, "-address", opts.Address, "-id", id}
-	if opts.Debug {
-		args = append(args, "-debug")
-	}
-	cmd := exec.Command(self, args...)
-	cmd.Dir = cwd
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=2")
-	cmd.SysProcAttr = &unix.SysProcAttr{Setpgid: true}
-	return cmd, nil
-}
-
-// Stop implements shim.Manager. containerd calls it (`shim delete`) for a
-// container whose shim is gone: it force-deletes the runsc container,
-// unmounts its rootfs and drops Bulkhead's record of a dead sandbox.
-func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
-	bundle, err := os.Getwd()
-	if err != nil {
-		return shim.StopStatus{}, err
-	}
-	ns, err := namespaces.NamespaceRequired(ctx)
-	if err != nil {
-		return shim.StopStatus{}, err
-	}
-	var st runsc.State
-	if err := st.Load(bundle); err != nil {
-		log.G(ctx).WithError(err).Infof("container %s: no runsc state in bundle", id)
-	} else {
-		r := proc.NewRunsc(st.Options.Root, bundle, ns, st.Options.BinaryName, st.Options.RunscConfig, nil)
-		if err := r.Delete(ctx, id, &runsccmd.DeleteOpts{Force: true}); err != nil {
-			log.G(ctx).WithError(err).Infof("container %s: runsc delete", id)
-		}
-		if err := mount.UnmountAll(st.Rootfs, 0); err != nil {
-			log.G(ctx).WithError(err).Infof("container %s: unmount rootfs", id)
-		}
-	}
-	if annotations, err := readBundleAnnotations(bundle); err == nil && annotations[AnnotationContainerType] == containerTypeSandbox {
-		if cfg, err := LoadConfig(ConfigPath()); err == nil {
-			// The shim died with the sandbox: release what it held.
-			if cfg.Pipeline.Enabled {
-				if c, err := OpenComponents(ctx, cfg, false); err != nil {
-					log.G(ctx).WithError(err).Warnf("sandbox %s: open pipeline for release", id)
-				} else if err := NewPipeline(cfg, c).Release(ctx, id); err != nil {
-					log.G(ctx).WithError(err).Warnf("sandbox %s: release", id)
-				}
-			}
-			if err := NewStateDir(cfg.StateDir).Remove(id); err != nil {
-				log.G(ctx).WithError(err).Warnf("sandbox %s: remove record", id)
-			}
-		}
-	}
-	return shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}, nil
-}
-
-// Info implements shim.Manager.
-func (manager) Info(ctx context.Context, _ io.Reader) (*types.RuntimeInfo, error) {
-	return &types.RuntimeInfo{
-		Name:    RuntimeType,
-		Version: &types.RuntimeVersion{Version: Version},
-	}, nil
-}
-
 // Version is the shim's version, set at link time.
 var Version = "dev"
-
-func readBundleAnnotations(bundle string) (map[string]string, error) {
-	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
-	if err != nil {
-		return nil, fmt.Errorf("read OCI spec: %w", err)
-	}
-	var spec struct {
-		Annotations map[string]string `json:"annotations"`
-	}
-	if err := json.Unmarshal(data, &spec); err != nil {
-		return nil, fmt.Errorf("decode OCI spec: %w", err)
-	}
-	return spec.Annotations, nil
-}

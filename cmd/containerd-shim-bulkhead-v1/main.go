@@ -9,10 +9,10 @@ import (
 	"github.com/containerd/containerd/v2/pkg/shim"
 	_ "gvisor.dev/gvisor/pkg/shim/v1/plugin" // registers gVisor's task service
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
+	"github.com/bulkhead-runtime/bulkhead/runtime/gvisor"
 )
 
 func main() {
-	runtime.RegisterPodExtension()
-	shim.Run(context.Background(), runtime.NewManager())
+	gvisor.RegisterPodExtension()
+	shim.Run(context.Background(), gvisor.NewManager())
 }

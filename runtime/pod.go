@@ -12,12 +12,8 @@ import (
 	"sync"
 	"time"
 
-	task "github.com/containerd/containerd/api/runtime/task/v2"
-	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"google.golang.org/protobuf/types/known/anypb"
-	"gvisor.dev/gvisor/pkg/shim/v1/extension"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
@@ -31,32 +27,29 @@ const RequestAnnotationPrefix = policy.RequestAnnotationPrefix
 // selects Bulkhead when containerd does not say which handler it used.
 const DefaultHandler = "bulkhead"
 
-// RegisterPodExtension installs Bulkhead's pod extension in gVisor's shim
-// library. gVisor calls it once per pod, on the sandbox's Create.
-func RegisterPodExtension() {
-	extension.NewPodExtension = func(ctx context.Context, next extension.TaskServiceExt, req *task.CreateTaskRequest) (extension.TaskServiceExt, error) {
-		cfg, err := LoadConfig(ConfigPath())
-		if err != nil {
-			return nil, err
-		}
-		WarnOOMScore(ctx)
-		return NewPodExtension(cfg, next), nil
-	}
+// PodOptions say which shim a Pod serves and what its task service needs.
+type PodOptions struct {
+	// Config is the node's configuration.
+	Config Config
+	// Runtime is the runtime the shim runs, policy.RuntimeGVisor or
+	// policy.RuntimeRunc; the policy's decision must name the same one.
+	Runtime string
+	// DeleteTask deletes a container from the task service: it unwinds a
+	// sandbox whose create failed after the task service made it.
+	DeleteTask func(ctx context.Context, id string) error
+	// CheckSandbox, if set, runs on the sandbox's create once its record is
+	// written and before the policy is asked: an error refuses the pod and
+	// leaves nothing of it behind. gVisor's shim checks there that its
+	// manager wrote the options file into the sandbox's bundle.
+	CheckSandbox func(sb *Sandbox) error
 }
 
-// PodExtension sits in front of gVisor's task service for one pod. It is
-// the single place where the placement pipeline plugs in; all calls it does
-// not override go straight to gVisor.
-type PodExtension struct {
-	extension.TaskServiceExt
-	*pod
-}
-
-// pod is one pod's side of the pipeline, whichever task service (gVisor's
+// Pod is one pod's side of the pipeline, whichever task service (gVisor's
 // or runc's) runs its containers: it places the pod when its sandbox is
 // created, judges every later container and releases everything when the
-// sandbox is deleted.
-type pod struct {
+// sandbox is deleted. The shim's wrapper of its task service calls Create
+// and Deleted around the task service's own Create and Delete.
+type Pod struct {
 	cfg   Config
 	state *StateDir
 	// runtime is the runtime this shim runs (policy.RuntimeGVisor or
@@ -65,59 +58,47 @@ type pod struct {
 	// deleteTask deletes a container from the task service (unwinding a
 	// sandbox whose create failed after the task service made it).
 	deleteTask func(ctx context.Context, id string) error
+	// checkSandbox is PodOptions.CheckSandbox.
+	checkSandbox func(sb *Sandbox) error
 
-	// mu guards sandbox, options and admission.
+	// mu guards sandbox, pipeline and admission, and is held while the
+	// task service creates a container.
 	mu sync.Mutex
 	// sandbox is the pod's record, nil until the sandbox container is created.
 	sandbox *Sandbox
-	// options point gVisor's task service at the options file the manager
-	// wrote into the sandbox bundle; every container of the pod gets them.
-	options *anypb.Any
 	// pipeline places the pod; nil while the pipeline is disabled.
 	pipeline *Pipeline
 	// admission is what the pipeline admitted for the pod.
 	admission *Admission
 }
 
-// NewPodExtension returns the extension for one pod in front of next.
-func NewPodExtension(cfg Config, next extension.TaskServiceExt) *PodExtension {
-	p := &PodExtension{TaskServiceExt: next}
-	p.pod = newPod(cfg, policy.RuntimeGVisor, func(ctx context.Context, id string) error {
-		_, err := next.Delete(ctx, &task.DeleteRequest{ID: id})
-		return err
-	})
-	return p
+// NewPod returns the pod a shim serves in front of its task service.
+func NewPod(opts PodOptions) (*Pod, error) {
+	if opts.Runtime != policy.RuntimeGVisor && opts.Runtime != policy.RuntimeRunc {
+		return nil, fmt.Errorf("pod: runtime %q: want %q or %q", opts.Runtime, policy.RuntimeGVisor, policy.RuntimeRunc)
+	}
+	if opts.DeleteTask == nil {
+		return nil, fmt.Errorf("pod: runtime %s: DeleteTask is nil", opts.Runtime)
+	}
+	return &Pod{
+		cfg:          opts.Config,
+		state:        NewStateDir(opts.Config.StateDir),
+		runtime:      opts.Runtime,
+		deleteTask:   opts.DeleteTask,
+		checkSandbox: opts.CheckSandbox,
+	}, nil
 }
 
-func newPod(cfg Config, runtime string, deleteTask func(context.Context, string) error) *pod {
-	return &pod{cfg: cfg, state: NewStateDir(cfg.StateDir), runtime: runtime, deleteTask: deleteTask}
-}
-
-// Create records the sandbox (before anything is created, so a crash leaves
-// a trace for GC), points gVisor at Bulkhead's runsc options, and creates
-// the container.
-func (p *PodExtension) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.CreateTaskResponse, error) {
-	return createTask(ctx, p.pod, r.ID, r.Bundle, func() (*task.CreateTaskResponse, error) {
-		r.Options = p.options
-		return p.TaskServiceExt.Create(ctx, r)
-	})
-}
-
-// CreateWithFSRestore is Create for a container restored from a snapshot.
-func (p *PodExtension) CreateWithFSRestore(ctx context.Context, r *extension.CreateWithFSRestoreRequest) (*task.CreateTaskResponse, error) {
-	return createTask(ctx, p.pod, r.Create.ID, r.Create.Bundle, func() (*task.CreateTaskResponse, error) {
-		r.Create.Options = p.options
-		return p.TaskServiceExt.CreateWithFSRestore(ctx, r)
-	})
-}
-
-// createTask places the pod (for its sandbox) or judges the container (for
-// any other), then lets the task service create it with next.
-func createTask[R any](ctx context.Context, p *pod, id, bundle string, next func() (R, error)) (R, error) {
-	var zero R
+// Create places the pod (when container id is its sandbox) or judges the
+// container (any other), then calls create to let the task service create
+// it; bundle is the container's OCI bundle. create gets the bundle of the
+// pod's sandbox, and runs with the pod locked: it must not call the Pod.
+// The sandbox is recorded before anything is created, so a crash leaves a
+// trace for GC; a failure at any step unwinds what was done.
+func (p *Pod) Create(ctx context.Context, id, bundle string, create func(sandboxBundle string) error) error {
 	spec, err := readSpec(bundle)
 	if err != nil {
-		return zero, fmt.Errorf("container %s: %w", id, err)
+		return fmt.Errorf("container %s: %w", id, err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -125,32 +106,23 @@ func createTask[R any](ctx context.Context, p *pod, id, bundle string, next func
 	// Outside the CRI (no container-type annotation) the first container
 	// of the shim is its sandbox.
 	ctype := spec.Annotations[AnnotationContainerType]
-	isSandbox := ctype == containerTypeSandbox || (ctype == "" && p.sandbox == nil)
+	isSandbox := ctype == ContainerTypeSandbox || (ctype == "" && p.sandbox == nil)
 	if !isSandbox && p.sandbox == nil {
-		return zero, fmt.Errorf("container %s: no sandbox in this shim yet", id)
+		return fmt.Errorf("container %s: no sandbox in this shim yet", id)
 	}
-	var resp R
-	step := func() error {
-		var err error
-		resp, err = next()
-		return err
-	}
+	step := func() error { return create(p.sandbox.Bundle) }
 	switch {
 	case !isSandbox:
-		err = p.createContainer(ctx, id, bundle, spec, step)
+		return p.createContainer(ctx, id, bundle, spec, step)
 	case p.sandbox != nil:
-		err = fmt.Errorf("container %s: pod already has sandbox %s", id, p.sandbox.ID)
+		return fmt.Errorf("container %s: pod already has sandbox %s", id, p.sandbox.ID)
 	default:
-		err = p.createSandbox(ctx, id, bundle, spec, step)
+		return p.createSandbox(ctx, id, bundle, spec, step)
 	}
-	if err != nil {
-		return zero, err
-	}
-	return resp, nil
 }
 
 // createContainer creates a workload container in the pod's sandbox.
-func (p *pod) createContainer(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) error {
+func (p *Pod) createContainer(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) error {
 	if p.pipeline != nil {
 		// The policy judges every container as containerd wrote it: what
 		// the webhook saw may not be what runs.
@@ -183,7 +155,7 @@ func (p *pod) createContainer(ctx context.Context, id, bundle string, spec *spec
 }
 
 // saveRecord rewrites the pod's record; a failure only costs GC precision.
-func (p *pod) saveRecord(ctx context.Context) {
+func (p *Pod) saveRecord(ctx context.Context) {
 	if err := p.state.Save(p.sandbox); err != nil {
 		log.G(ctx).WithError(err).Warnf("sandbox %s: update record", p.sandbox.ID)
 	}
@@ -192,7 +164,7 @@ func (p *pod) saveRecord(ctx context.Context) {
 // createSandbox places the pod around its sandbox's creation
 // (Pipeline.Place: decide, reserve, gpu, sandbox, fence, activate). Any
 // failure unwinds every step already taken, in reverse; the record goes last.
-func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) (retErr error) {
+func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) (retErr error) {
 	began := time.Now()
 	ctx, trace := withStartTrace(ctx)
 	sb := SandboxFromSpec(id, bundle, spec)
@@ -211,20 +183,14 @@ func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 		if err := p.state.Remove(sb.ID); err != nil {
 			log.G(ctx).WithError(err).Warnf("sandbox %s: remove record after failed create", sb.ID)
 		}
-		p.sandbox, p.options, p.admission = nil, nil, nil
+		p.sandbox, p.admission = nil, nil
 		log.G(ctx).WithError(retErr).Warnf("sandbox %s: refused after %v (%s)", sb.ID, time.Since(began).Round(time.Millisecond), trace)
 	}()
 
-	if p.runtime == policy.RuntimeGVisor {
-		optionsFile := filepath.Join(sb.Bundle, gvisorOptionsFile)
-		if _, err := os.Stat(optionsFile); err != nil {
-			return fmt.Errorf("sandbox %s: gVisor options missing (the manager writes them when it starts the shim): %w", sb.ID, err)
-		}
-		options, err := containerOptions(optionsFile)
-		if err != nil {
+	if p.checkSandbox != nil {
+		if err := p.checkSandbox(sb); err != nil {
 			return err
 		}
-		p.options = options
 	}
 	p.sandbox = sb
 	if !p.cfg.Pipeline.Enabled {
@@ -261,20 +227,10 @@ func (p *pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 	return nil
 }
 
-// Delete deletes a container; deleting the sandbox container drops
-// everything Bulkhead kept for the pod.
-func (p *PodExtension) Delete(ctx context.Context, r *task.DeleteRequest) (*task.DeleteResponse, error) {
-	resp, err := p.TaskServiceExt.Delete(ctx, r)
-	if err != nil || r.ExecID != "" {
-		return resp, err
-	}
-	p.deleted(ctx, r.ID)
-	return resp, nil
-}
-
-// deleted drops what Bulkhead kept for container id once the task service
-// deleted it: everything the pod holds when id is its sandbox.
-func (p *pod) deleted(ctx context.Context, id string) {
+// Deleted drops what Bulkhead kept for container id once the task service
+// deleted it: everything the pod holds when id is its sandbox. A release
+// that fails keeps the sandbox's record for GC to retry.
+func (p *Pod) Deleted(ctx context.Context, id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sandbox == nil {
@@ -296,19 +252,6 @@ func (p *pod) deleted(ctx context.Context, id string) {
 	}
 	p.sandbox.Containers = slices.DeleteFunc(p.sandbox.Containers, func(c string) bool { return c == id })
 	p.saveRecord(ctx)
-}
-
-// Shutdown asks gVisor's task service to exit. While containers remain it
-// refuses with an error, and gVisor's redirector then answers containerd
-// with a nil response that ttrpc cannot marshal. Returning an empty response
-// alongside the error keeps the shim running and answers containerd
-// properly (the redirector turns the error into success without exiting).
-func (p *PodExtension) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*ptypes.Empty, error) {
-	resp, err := p.TaskServiceExt.Shutdown(ctx, r)
-	if resp == nil {
-		resp = &ptypes.Empty{}
-	}
-	return resp, err
 }
 
 // SandboxFromSpec builds the record of a sandbox from its OCI spec: the

@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 import (
 	"encoding/json"
@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	gvisorrunsc "gvisor.dev/gvisor/pkg/shim/v1/runsc"
 	"gvisor.dev/gvisor/pkg/shim/v1/runtimeoptions"
+
+	"github.com/bulkhead-runtime/bulkhead/runtime"
 )
 
 // runtimeOptionsTypeURL names gVisor's runtime options when Bulkhead hands
@@ -24,8 +26,8 @@ func init() {
 	typeurl.Register(&runtimeoptions.Options{}, runtimeOptionsTypeURL)
 }
 
-// gvisorOptions maps Bulkhead's configuration to gVisor's shim options.
-func gvisorOptions(cfg Config) gvisorrunsc.Options {
+// runscOptions maps Bulkhead's configuration to gVisor's shim options.
+func runscOptions(cfg runtime.Config) gvisorrunsc.Options {
 	opts := gvisorrunsc.Options{
 		BinaryName:  cfg.RunscPath,
 		Root:        cfg.RunscRoot,
@@ -43,18 +45,18 @@ func gvisorOptions(cfg Config) gvisorrunsc.Options {
 	return opts
 }
 
-// encodeGVisorOptions renders gVisor's options as the TOML its library reads.
-func encodeGVisorOptions(cfg Config) ([]byte, error) {
-	data, err := toml.Marshal(gvisorOptions(cfg))
+// encodeRunscOptions renders gVisor's options as the TOML its library reads.
+func encodeRunscOptions(cfg runtime.Config) ([]byte, error) {
+	data, err := toml.Marshal(runscOptions(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("encode runsc options: %w", err)
 	}
 	return data, nil
 }
 
-// writeGVisorOptions writes gVisor's options file at path.
-func writeGVisorOptions(path string, cfg Config) error {
-	data, err := encodeGVisorOptions(cfg)
+// writeRunscOptions writes gVisor's options file at path.
+func writeRunscOptions(path string, cfg runtime.Config) error {
+	data, err := encodeRunscOptions(cfg)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,123 @@
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	task "github.com/containerd/containerd/api/runtime/task/v2"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"gvisor.dev/gvisor/pkg/shim/v1/extension"
+
+	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime"
+)
+
+// RegisterPodExtension installs Bulkhead's pod extension in gVisor's shim
+// library. gVisor calls it once per pod, on the sandbox's Create.
+func RegisterPodExtension() {
+	extension.NewPodExtension = func(ctx context.Context, next extension.TaskServiceExt, req *task.CreateTaskRequest) (extension.TaskServiceExt, error) {
+		cfg, err := runtime.LoadConfig(runtime.ConfigPath())
+		if err != nil {
+			return nil, err
+		}
+		runtime.WarnOOMScore(ctx)
+		return NewPodExtension(cfg, next)
+	}
+}
+
+// PodExtension sits in front of gVisor's task service for one pod. It is
+// the single place where the placement pipeline plugs in; all calls it does
+// not override go straight to gVisor.
+type PodExtension struct {
+	extension.TaskServiceExt
+	pod *runtime.Pod
+}
+
+// NewPodExtension returns the extension for one pod in front of next.
+func NewPodExtension(cfg runtime.Config, next extension.TaskServiceExt) (*PodExtension, error) {
+	pod, err := runtime.NewPod(runtime.PodOptions{
+		Config:  cfg,
+		Runtime: policy.RuntimeGVisor,
+		DeleteTask: func(ctx context.Context, id string) error {
+			_, err := next.Delete(ctx, &task.DeleteRequest{ID: id})
+			return err
+		},
+		CheckSandbox: checkOptionsFile,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &PodExtension{TaskServiceExt: next, pod: pod}, nil
+}
+
+// checkOptionsFile refuses a sandbox whose bundle lacks the options file the
+// manager writes there when it starts the shim: every container of the pod
+// points gVisor's task service at it.
+func checkOptionsFile(sb *runtime.Sandbox) error {
+	if _, err := os.Stat(optionsPath(sb.Bundle)); err != nil {
+		return fmt.Errorf("sandbox %s: gVisor options missing (the manager writes them when it starts the shim): %w", sb.ID, err)
+	}
+	return nil
+}
+
+// Create places the pod (its sandbox) or judges the container, points gVisor
+// at the options file in the sandbox's bundle, and lets gVisor create it.
+func (p *PodExtension) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.CreateTaskResponse, error) {
+	var resp *task.CreateTaskResponse
+	err := p.pod.Create(ctx, r.ID, r.Bundle, func(sandboxBundle string) error {
+		opts, err := containerOptions(optionsPath(sandboxBundle))
+		if err != nil {
+			return err
+		}
+		r.Options = opts
+		resp, err = p.TaskServiceExt.Create(ctx, r)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// CreateWithFSRestore is Create for a container restored from a snapshot.
+func (p *PodExtension) CreateWithFSRestore(ctx context.Context, r *extension.CreateWithFSRestoreRequest) (*task.CreateTaskResponse, error) {
+	var resp *task.CreateTaskResponse
+	err := p.pod.Create(ctx, r.Create.ID, r.Create.Bundle, func(sandboxBundle string) error {
+		opts, err := containerOptions(optionsPath(sandboxBundle))
+		if err != nil {
+			return err
+		}
+		r.Create.Options = opts
+		resp, err = p.TaskServiceExt.CreateWithFSRestore(ctx, r)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// Delete deletes a container; deleting the sandbox container drops
+// everything Bulkhead kept for the pod.
+func (p *PodExtension) Delete(ctx context.Context, r *task.DeleteRequest) (*task.DeleteResponse, error) {
+	resp, err := p.TaskServiceExt.Delete(ctx, r)
+	if err != nil || r.ExecID != "" {
+		return resp, err
+	}
+	p.pod.Deleted(ctx, r.ID)
+	return resp, nil
+}
+
+// Shutdown asks gVisor's task service to exit. While containers remain it
+// refuses with an error, and gVisor's redirector then answers containerd
+// with a nil response that ttrpc cannot marshal. Returning an empty response
+// alongside the error keeps the shim running and answers containerd
+// properly (the redirector turns the error into success without exiting).
+func (p *PodExtension) Shutdown(ctx context.Context, r *task.ShutdownRequest) (*ptypes.Empty, error) {
+	resp, err := p.TaskServiceExt.Shutdown(ctx, r)
+	if resp == nil {
+		resp = &ptypes.Empty{}
+	}
+	return resp, err
+}
