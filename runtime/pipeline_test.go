@@ -28,6 +28,18 @@ const testTenants = `{"bulkhead": {"tenants": {
 // and a mock H200 node, without the fence (no root needed).
 func testPipeline(t *testing.T) *Pipeline {
 	t.Helper()
+	p, err := OpenPipeline(context.Background(), testConfig(t), policy.RuntimeGVisor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// testConfig is a node's configuration with the default bundle, the
+// tenants of testTenants, two mock H200s and the fence off (it needs root;
+// test/e2e runs it), every file in a fresh directory.
+func testConfig(t *testing.T) Config {
+	t.Helper()
 	dir := t.TempDir()
 	data := filepath.Join(dir, "tenants.json")
 	if err := os.WriteFile(data, []byte(testTenants), 0o644); err != nil {
@@ -43,15 +55,11 @@ func testPipeline(t *testing.T) *Pipeline {
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
 	cfg.Policy = PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
 	cfg.MIG = MIGConfig{Backend: "mock", MockModel: "h200", MockGPUs: 2, MockState: filepath.Join(dir, "gpus.json")}
-	cfg.Netpol.Enabled = false // the fence needs root; test/e2e runs it
+	cfg.Netpol.Enabled = false
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return cfg
 }
 
 func sandboxSpec(ns, name string, ann map[string]string) (*Sandbox, *specs.Spec) {

@@ -42,6 +42,9 @@ type PodOptions struct {
 	// leaves nothing of it behind. gVisor's shim checks there that its
 	// manager wrote the options file into the sandbox's bundle.
 	CheckSandbox func(sb *Sandbox) error
+	// Opening is the pipeline OpenEarly began opening when the shim began
+	// to serve; nil opens it on the sandbox's create.
+	Opening *Opening
 }
 
 // Pod is one pod's side of the pipeline, whichever task service (gVisor's
@@ -68,6 +71,9 @@ type Pod struct {
 	sandbox *Sandbox
 	// pipeline places the pod; nil while the pipeline is disabled.
 	pipeline *Pipeline
+	// opening is the pipeline being opened since the shim began to serve,
+	// until the sandbox's create takes it.
+	opening *Opening
 	// admission is what the pipeline admitted for the pod.
 	admission *Admission
 }
@@ -86,7 +92,58 @@ func NewPod(opts PodOptions) (*Pod, error) {
 		runtime:      opts.Runtime,
 		deleteTask:   opts.DeleteTask,
 		checkSandbox: opts.CheckSandbox,
+		opening:      opts.Opening,
 	}, nil
+}
+
+// Opening is a shim's pipeline being opened in the background, with the GC
+// pass that repairs what crashed shims left, from the moment the shim
+// serves: containerd sends the sandbox's create a few milliseconds later,
+// and the policy engine, the slowest to open, is then partly or wholly
+// open when the pod is decided.
+type Opening struct {
+	done     chan struct{}
+	pipeline *Pipeline
+	err      error
+	trace    *startTrace
+}
+
+// OpenEarly begins opening the pipeline cfg names for a shim that runs
+// runtime (policy.RuntimeGVisor or policy.RuntimeRunc); nil when cfg turns
+// the pipeline off. Only a shim that serves calls it: the shim's start and
+// delete invocations open nothing.
+func OpenEarly(cfg Config, runtime string) *Opening {
+	if !cfg.Pipeline.Enabled {
+		return nil
+	}
+	o := &Opening{done: make(chan struct{})}
+	go func() {
+		defer close(o.done)
+		var ctx context.Context
+		ctx, o.trace = withStartTrace(context.Background())
+		if o.pipeline, o.err = OpenPipeline(ctx, cfg, runtime); o.err != nil {
+			return
+		}
+		// Repair whatever crashed shims left before placing this pod.
+		t := time.Now()
+		if _, err := o.pipeline.GC(ctx, NewStateDir(cfg.StateDir)); err != nil {
+			log.G(ctx).WithError(err).Warn("gc at shim start")
+		}
+		traceStage(ctx, "gc", t)
+	}()
+	return o
+}
+
+// wait returns the opened pipeline. The opening's stages join ctx's trace,
+// with open.wait, how long the caller waited for it.
+func (o *Opening) wait(ctx context.Context) (*Pipeline, error) {
+	t := time.Now()
+	<-o.done
+	for _, s := range o.trace.stages {
+		traceDuration(ctx, s.name, s.d)
+	}
+	traceStage(ctx, "open.wait", t)
+	return o.pipeline, o.err
 }
 
 // Create places the pod (when container id is its sandbox) or judges the
@@ -199,16 +256,16 @@ func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 		}
 	} else {
 		if p.pipeline == nil {
+			opening := p.opening
+			if opening == nil {
+				opening = OpenEarly(p.cfg, p.runtime)
+			}
+			// Taken once: after a failure the next create opens anew.
+			p.opening = nil
 			var err error
-			if p.pipeline, err = OpenPipeline(ctx, p.cfg, p.runtime); err != nil {
+			if p.pipeline, err = opening.wait(ctx); err != nil {
 				return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 			}
-			// Repair whatever crashed shims left before placing this pod.
-			t := time.Now()
-			if _, err := p.pipeline.GC(ctx, p.state); err != nil {
-				log.G(ctx).WithError(err).Warn("gc at shim start")
-			}
-			traceStage(ctx, "gc", t)
 		}
 		a, err := p.pipeline.Place(ctx, sb, spec, SandboxTask{
 			Create: func(context.Context) error { return next() },

@@ -138,3 +138,62 @@ func TestPodRefusedSandboxLeavesNothing(t *testing.T) {
 		t.Fatalf("retry: error = %v, created %d", err, created)
 	}
 }
+
+// A pod given the pipeline OpenEarly began opening places its sandbox with
+// that pipeline and logs the opening's stages; when the opening failed, the
+// sandbox is refused with its error, and the next create opens anew.
+func TestPodTakesTheEarlyOpening(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	broken := cfg
+	broken.Policy.Bundle = filepath.Join(t.TempDir(), "missing")
+	for _, tt := range []struct {
+		name    string
+		cfg     Config
+		wantErr string
+	}{
+		{"opens", cfg, ""},
+		{"fails", broken, "missing"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			opening := OpenEarly(tt.cfg, policy.RuntimeGVisor)
+			if opening == nil {
+				t.Fatal("OpenEarly with the pipeline on = nil")
+			}
+			p, err := NewPod(PodOptions{
+				Config: tt.cfg, Runtime: policy.RuntimeGVisor, Opening: opening,
+				DeleteTask: func(context.Context, string) error { return nil },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, spec := sandboxSpec("research", "early-"+tt.name, nil)
+			bundle := t.TempDir()
+			if err := writeSpecIfChanged(bundle, nil, spec); err != nil {
+				t.Fatal(err)
+			}
+			err = p.Create(ctx, "early-"+tt.name, bundle, func(string) error { return nil })
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Create = %v, want the opening's error (%s)", err, tt.wantErr)
+				}
+				if p.opening != nil || p.pipeline != nil {
+					t.Error("a failed opening is kept for the next create")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.pipeline == nil || p.pipeline != opening.pipeline {
+				t.Error("the sandbox was not placed with the early opening's pipeline")
+			}
+			if p.opening != nil {
+				t.Error("the opening is kept after its pipeline was taken")
+			}
+		})
+	}
+	if OpenEarly(Config{}, policy.RuntimeGVisor) != nil {
+		t.Error("OpenEarly with the pipeline off began opening one")
+	}
+}

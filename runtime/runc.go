@@ -54,7 +54,7 @@ func RegisterRuncTaskService() {
 			if err != nil {
 				return nil, fmt.Errorf("runc task service: %w", err)
 			}
-			return NewRuncTask(cfg, next)
+			return NewRuncTask(cfg, next, OpenEarly(cfg, policy.RuntimeRunc))
 		},
 	})
 }
@@ -68,11 +68,13 @@ type RuncTask struct {
 	pod *Pod
 }
 
-// NewRuncTask returns the pod's task service in front of next.
-func NewRuncTask(cfg Config, next taskAPI.TTRPCTaskService) (*RuncTask, error) {
+// NewRuncTask returns the pod's task service in front of next; opening is
+// the pipeline OpenEarly began opening, or nil.
+func NewRuncTask(cfg Config, next taskAPI.TTRPCTaskService, opening *Opening) (*RuncTask, error) {
 	pod, err := NewPod(PodOptions{
 		Config:  cfg,
 		Runtime: policy.RuntimeRunc,
+		Opening: opening,
 		DeleteTask: func(ctx context.Context, id string) error {
 			_, err := next.Delete(ctx, &taskAPI.DeleteRequest{ID: id})
 			return err

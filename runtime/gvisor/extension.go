@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 
 	task "github.com/containerd/containerd/api/runtime/task/v2"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/containerd/v2/plugins"
+	"github.com/containerd/plugin"
+	"github.com/containerd/plugin/registry"
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
@@ -14,15 +18,42 @@ import (
 )
 
 // RegisterPodExtension installs Bulkhead's pod extension in gVisor's shim
-// library. gVisor calls it once per pod, on the sandbox's Create.
+// library. gVisor calls it once per pod, on the sandbox's Create. It also
+// registers a shim plugin that, when the shim begins to serve, loads the
+// configuration and begins opening the pipeline (runtime.OpenEarly), so
+// that the sandbox's create, a few milliseconds later, finds it opening.
 func RegisterPodExtension() {
+	var early struct {
+		once    sync.Once
+		cfg     runtime.Config
+		opening *runtime.Opening
+	}
+	registry.Register(&plugin.Registration{
+		Type: plugins.InternalPlugin,
+		ID:   "bulkhead-pipeline",
+		InitFn: func(ic *plugin.InitContext) (interface{}, error) {
+			// A configuration that does not load is reported by the
+			// sandbox's create, which loads it again.
+			if cfg, err := runtime.LoadConfig(runtime.ConfigPath()); err == nil {
+				early.cfg, early.opening = cfg, runtime.OpenEarly(cfg, policy.RuntimeGVisor)
+			}
+			return &early, nil
+		},
+	})
 	extension.NewPodExtension = func(ctx context.Context, next extension.TaskServiceExt, req *task.CreateTaskRequest) (extension.TaskServiceExt, error) {
-		cfg, err := runtime.LoadConfig(runtime.ConfigPath())
-		if err != nil {
-			return nil, err
+		var (
+			cfg     runtime.Config
+			opening *runtime.Opening
+			err     error
+		)
+		early.once.Do(func() { cfg, opening = early.cfg, early.opening })
+		if opening == nil {
+			if cfg, err = runtime.LoadConfig(runtime.ConfigPath()); err != nil {
+				return nil, err
+			}
 		}
 		runtime.WarnOOMScore(ctx)
-		return NewPodExtension(cfg, next)
+		return newPodExtension(cfg, next, opening)
 	}
 }
 
@@ -36,9 +67,14 @@ type PodExtension struct {
 
 // NewPodExtension returns the extension for one pod in front of next.
 func NewPodExtension(cfg runtime.Config, next extension.TaskServiceExt) (*PodExtension, error) {
+	return newPodExtension(cfg, next, nil)
+}
+
+func newPodExtension(cfg runtime.Config, next extension.TaskServiceExt, opening *runtime.Opening) (*PodExtension, error) {
 	pod, err := runtime.NewPod(runtime.PodOptions{
 		Config:  cfg,
 		Runtime: policy.RuntimeGVisor,
+		Opening: opening,
 		DeleteTask: func(ctx context.Context, id string) error {
 			_, err := next.Delete(ctx, &task.DeleteRequest{ID: id})
 			return err
