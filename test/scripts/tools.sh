@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the pinned node toolchain (containerd, ctr, runsc, crictl, opa, runc)
-# and the Kubernetes components of test/cluster (kube-apiserver, kubelet,
+# Installs the pinned node toolchain (containerd, ctr, runsc, crictl, opa, runc,
+# and the upstream shims make bench-start compares Bulkhead's against:
+# containerd-shim-runc-v2 and gVisor's containerd-shim-runsc-v1) and the
+# Kubernetes components of test/cluster (kube-apiserver, kubelet,
 # kube-scheduler, kube-controller-manager, kubectl) into TOOLS_DIR with
 # `go install` / `go build`. Each step is keyed by its version in a stamp
 # file, so a rerun with a warm cache costs nothing; a cold run builds every
@@ -36,8 +38,8 @@ mkdir -p "${TOOLS_DIR}/bin"
 export GOBIN="${TOOLS_DIR}/bin"
 export GOFLAGS="${GOFLAGS:-} -trimpath"
 
-TOOLS_TOTAL=6 # install_tool calls below, plus build_kube for "all"
-if [[ "${TOOLS_SET}" == all ]]; then TOOLS_TOTAL=7; fi
+TOOLS_TOTAL=7 # install_tool calls below, plus build_kube for "all"
+if [[ "${TOOLS_SET}" == all ]]; then TOOLS_TOTAL=8; fi
 tool_n=0
 install_tool() { # name version cgo package...
 	local name=$1 version=$2 cgo=$3
@@ -51,7 +53,19 @@ install_tool() { # name version cgo package...
 	echo "tools: ${tool_n}/${TOOLS_TOTAL} building ${name} ${version} from source (go install; minutes, silent until done)"
 	local start=${SECONDS}
 	# GOWORK=off and a neutral directory: go install pkg@version must not see our go.mod.
-	(cd / && GOWORK=off CGO_ENABLED=${cgo} "${GO}" install "$@")
+	if [[ $# -eq 1 && "$(basename "${1%@*}")" != "${name}" ]]; then
+		# go install names a binary after its package's last path element
+		# (gVisor's shim is gvisor.dev/gvisor/shim): install it into a
+		# scratch directory and move it in under the name containerd looks up.
+		local tmp="${TOOLS_DIR}/.${name}.tmp"
+		rm -rf "${tmp}"
+		mkdir -p "${tmp}"
+		(cd / && GOBIN="${tmp}" GOWORK=off CGO_ENABLED=${cgo} "${GO}" install "$@")
+		mv "${tmp}/$(basename "${1%@*}")" "${GOBIN}/${name}"
+		rmdir "${tmp}"
+	else
+		(cd / && GOWORK=off CGO_ENABLED=${cgo} "${GO}" install "$@")
+	fi
 	echo "${version}" >"${stamp}"
 	local took=$((SECONDS - start))
 	echo "tools: ${tool_n}/${TOOLS_TOTAL} ${name} ${version} built in $((took / 60))m$((took % 60))s"
@@ -69,6 +83,11 @@ install_tool runc "${RUNC_VERSION}" 1 -tags seccomp "github.com/opencontainers/r
 # tier's start times (make bench-start).
 install_tool containerd-shim-runc-v2 "${CONTAINERD_VERSION}" 1 \
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@${CONTAINERD_VERSION}"
+# gVisor's own shim of the same gVisor version as runsc and Bulkhead's shim
+# library, as upstream ships it (static like runsc): the baseline of the
+# gVisor tier's start times where the shim may set its oom_score_adj
+# (CAP_SYS_RESOURCE; docs/benchmarks.md).
+install_tool containerd-shim-runsc-v1 "${GVISOR_VERSION}" 0 "gvisor.dev/gvisor/shim@${GVISOR_VERSION}"
 
 # Kubernetes of one release, built from the k8s.io/kubernetes module through
 # the tools module test/cluster/tools (its go.mod says why it exists). The
