@@ -38,6 +38,20 @@ const RuncHandler = "bulkhead-runc"
 // registered where containerd-shim-runc-v2 is built (the bench baseline).
 const UpstreamRuncHandler = "upstream-runc"
 
+// UpstreamRunscHandler is gVisor's own shim (containerd-shim-runsc-v1)
+// without Bulkhead, registered where it is built (the bench's gVisor
+// baseline). It runs the same runsc with the same flags as Bulkhead's
+// gVisor pods. Its manager sets its own oom_score_adj to -999 and fails
+// without CAP_SYS_RESOURCE (UpstreamRunscMissing).
+const UpstreamRunscHandler = "upstream-runsc"
+
+// The runsc flags every gVisor pod of a node gets, through Bulkhead's shim
+// or gVisor's own: one home, so the two are compared on the same sandbox.
+const (
+	runscPlatform = "systrap"
+	runscNetwork  = "sandbox"
+)
+
 // Options configures a node.
 type Options struct {
 	// Dir holds everything the node writes; it must be empty or absent.
@@ -85,6 +99,9 @@ type Node struct {
 	exited chan struct{}
 	// containerd is the daemon's binary.
 	containerd string
+	// UpstreamRunscRoot is the runsc root of the pods of gVisor's own shim
+	// (handler UpstreamRunscHandler), apart from Bulkhead's RunscRoot.
+	UpstreamRunscRoot string
 }
 
 // Requirements reports what this machine lacks to run a node, or nil.
@@ -191,6 +208,16 @@ state = "{{.Dir}}/state"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.UpstreamRuncHandler}}.options]
         BinaryName = "{{.Runc}}"
 {{- end}}
+{{- if .UpstreamRunscShim}}
+    # gVisor's own shim, without Bulkhead: the gVisor baseline of make bench-start.
+    # The options reach its task service per container (runsc, root, flags).
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.UpstreamRunscHandler}}]
+      runtime_type = "io.containerd.runsc.v1"
+      runtime_path = "{{.UpstreamRunscShim}}"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.UpstreamRunscHandler}}.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "{{.UpstreamRunscConfig}}"
+{{- end}}
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{{.Dir}}/cni"
@@ -235,11 +262,12 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 		return nil, err
 	}
 	n := &Node{
-		opts:      opts,
-		Socket:    filepath.Join(opts.Dir, "containerd.sock"),
-		StateDir:  filepath.Join(opts.Dir, "bulkhead"),
-		RunscRoot: filepath.Join(opts.Dir, "runsc"),
-		ShimConf:  filepath.Join(opts.Dir, "bulkhead.toml"),
+		opts:              opts,
+		Socket:            filepath.Join(opts.Dir, "containerd.sock"),
+		StateDir:          filepath.Join(opts.Dir, "bulkhead"),
+		RunscRoot:         filepath.Join(opts.Dir, "runsc"),
+		UpstreamRunscRoot: filepath.Join(opts.Dir, "upstream-runsc"),
+		ShimConf:          filepath.Join(opts.Dir, "bulkhead.toml"),
 	}
 	defer func() {
 		if retErr != nil {
@@ -270,6 +298,8 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	if runc == "" {
 		runcShim, upstreamRuncShim = "", ""
 	}
+	upstreamRunscShim, _ := lookPath("containerd-shim-runsc-v1", opts.BinDir)
+	upstreamRunscConfig := filepath.Join(opts.Dir, "upstream-runsc.toml")
 	for _, d := range []string{"cni", "cni-ipam", "root", "state"} {
 		if err := os.MkdirAll(filepath.Join(opts.Dir, d), 0o711); err != nil {
 			return nil, err
@@ -280,12 +310,19 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet, "Subnet6": opts.Subnet6,
 		"RuncShim": runcShim, "RuncHandler": RuncHandler, "Runc": runc,
 		"UpstreamRuncShim": upstreamRuncShim, "UpstreamRuncHandler": UpstreamRuncHandler,
+		"UpstreamRunscShim": upstreamRunscShim, "UpstreamRunscHandler": UpstreamRunscHandler,
+		"UpstreamRunscConfig": upstreamRunscConfig,
 	}
 	if err := writeTemplate(filepath.Join(opts.Dir, "containerd.toml"), containerdConfig, data); err != nil {
 		return nil, err
 	}
 	if err := writeTemplate(filepath.Join(opts.Dir, "cni", "10-bulkhead.conflist"), cniConfig, data); err != nil {
 		return nil, err
+	}
+	if upstreamRunscShim != "" {
+		if err := os.WriteFile(upstreamRunscConfig, upstreamRunscOptions(runsc, n.UpstreamRunscRoot), 0o644); err != nil {
+			return nil, err
+		}
 	}
 	if runc == "" {
 		runc = "/usr/local/bin/runc" // not used: the runc tier is not registered
@@ -304,12 +341,12 @@ log_dir = %q
 containerd_root = %q
 containerd_state = %q
 [runsc]
-platform = "systrap"
-network = "sandbox"
+platform = %q
+network = %q
 [pipeline]
 enabled = %t
 %s`, kubeletRoot, runsc, runc, filepath.Join(opts.Dir, "runc-root"), n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
-		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), opts.PipelineEnabled, opts.ShimConfig)
+		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), runscPlatform, runscNetwork, opts.PipelineEnabled, opts.ShimConfig)
 	if err := os.WriteFile(n.ShimConf, []byte(shimConf), 0o644); err != nil {
 		return nil, err
 	}
@@ -332,6 +369,55 @@ enabled = %t
 		return nil, err
 	}
 	return n, nil
+}
+
+// upstreamRunscOptions is the options file of gVisor's own shim
+// (gvisor.dev/gvisor/pkg/shim/v1/runsc.Options, which its task service
+// decodes from the file the CRI runtime options' ConfigPath names): the
+// node's runsc, a runsc root of its own under the node, and the runsc flags
+// Bulkhead's gVisor pods get. Grouping (one shim per pod) is not among
+// them: gVisor's manager reads it only from a machine-wide file
+// (/run/containerd/runsc/config.toml or /etc/containerd/runsc/config.toml)
+// or the bundle's config.toml, which a private node does not write, so the
+// upstream shim runs as shipped, one shim process per container.
+func upstreamRunscOptions(runsc, root string) []byte {
+	return fmt.Appendf(nil, `binary_name = %q
+root = %q
+[runsc_config]
+platform = %q
+network = %q
+`, runsc, root, runscPlatform, runscNetwork)
+}
+
+// UpstreamRunscMissing says why gVisor's own shim cannot start a pod from
+// this process, or "" when it can: it must be built (make tools-node), and
+// its manager writes -999 to the shim's /proc/N/oom_score_adj, which needs
+// CAP_SYS_RESOURCE. The capability is read with capget(2) on this process;
+// containerd and its shims, started by it as root, inherit its bounding set.
+func UpstreamRunscMissing() string {
+	if _, err := LookPath("containerd-shim-runsc-v1"); err != nil {
+		return "needs containerd-shim-runsc-v1 (make tools-node)"
+	}
+	has, err := HasCapability(unix.CAP_SYS_RESOURCE)
+	if err != nil {
+		return fmt.Sprintf("cannot read this process's capabilities: %v", err)
+	}
+	if !has {
+		return "this process lacks CAP_SYS_RESOURCE, and gVisor's shim manager fails a pod's start without it: " +
+			"it sets its oom_score_adj to -999 (failed to set OOM Score on shim: write /proc/N/oom_score_adj: permission denied)"
+	}
+	return ""
+}
+
+// HasCapability reports whether capability capability (unix.CAP_*) is in
+// this process's effective set.
+func HasCapability(capability int) (bool, error) {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false, fmt.Errorf("capget: %w", err)
+	}
+	return data[capability/32].Effective&(1<<(uint(capability)%32)) != 0, nil
 }
 
 // startContainerd starts the daemon and waits until its CRI answers.
