@@ -243,7 +243,7 @@ func (st *state) run(code []instr, L []*ast.Term) (int, error) {
 				st.args = append(st.args, a)
 			}
 			st.out = nil
-			st.bctx.Location = in.bi.loc
+			st.bctx.Location = in.loc
 			if err := in.bi.f(st.bctx, st.args, st.outFn); err != nil {
 				var halt topdown.Halt
 				if errors.As(err, &halt) {
@@ -761,5 +761,6 @@ func location(in *instr) *ast.Location {
 	if in.loc == nil {
 		return nil
 	}
-	return &ast.Location{File: in.file, Row: in.loc.Row, Col: in.loc.Col, Text: in.loc.Text}
+	loc := *in.loc // errors travel on; in stays as it is
+	return &loc
 }

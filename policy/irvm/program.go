@@ -41,7 +41,6 @@ type Program struct {
 	// keyPaths are the distinct input paths of every rule cache's key;
 	// an evaluation resolves each at most once (state.resolve).
 	keyPaths []path
-	static   []*ast.Term // ir.Static.Strings as string terms
 	// needsTime: a built-in of the plan may read the evaluation's clock.
 	needsTime bool
 	// byPath finds the rules a CallDynamicStmt may call by their path in
@@ -89,18 +88,16 @@ type instr struct {
 	fn         *function // CallStmt to a planned function
 	args       []operand
 	bi         *builtin
-	loc        *ir.Location
-	file       string      // the module the statement comes from
-	path       []*ast.Term // WithStmt: the keys below the local it replaces
-	dyn        []operand   // CallDynamicStmt: the path of the rule to call
-	base       bool        // DotStmt: the source may be a document of base data (markBaseLookups)
+	loc        *ast.Location // the Rego the statement comes from
+	path       []*ast.Term   // WithStmt: the keys below the local it replaces
+	dyn        []operand     // CallDynamicStmt: the path of the rule to call
+	base       bool          // DotStmt: the source may be a document of base data (markBaseLookups)
 }
 
 type builtin struct {
 	name string
 	f    topdown.BuiltinFunc
 	void bool
-	loc  *ast.Location
 }
 
 type opcode uint8
@@ -141,6 +138,7 @@ const (
 	opWith
 	opObjectMerge
 	opCallDynamic
+	numOpcodes // not an opcode: how many there are
 )
 
 // Load resolves policy's single plan. caps lists the built-ins the bundle
@@ -153,20 +151,15 @@ func Load(policy *ir.Policy, caps *ast.Capabilities) (*Program, error) {
 		return nil, fmt.Errorf("%w: OPA could not plan rule %s", ErrUnsupported, policy.UnplannedRules[0].Path)
 	}
 	p := &Program{caps: caps}
-	l := &loader{p: p, byName: map[string]*function{}, builtins: map[string]*builtin{}}
+	l := newLoader(p)
+	l.byName = map[string]*function{}
 	if policy.Static != nil {
 		for _, s := range policy.Static.Strings {
-			p.static = append(p.static, ast.StringTerm(s.Value))
+			l.static = append(l.static, ast.StringTerm(s.Value))
 			l.raw = append(l.raw, s.Value)
 		}
 		for _, f := range policy.Static.Files {
 			l.files = append(l.files, f.Value)
-		}
-	}
-	if caps != nil {
-		l.decls = map[string]*ast.Builtin{}
-		for _, b := range caps.Builtins {
-			l.decls[b.Name] = b
 		}
 	}
 	if policy.Static != nil {
@@ -230,9 +223,7 @@ func Load(policy *ir.Policy, caps *ast.Capabilities) (*Program, error) {
 	}
 	markBaseLookups(p.plan)
 	planCaches(p)
-	for _, b := range l.builtins {
-		p.needsTime = p.needsTime || strings.HasPrefix(b.name, "time.") || strings.HasPrefix(b.name, "io.jwt.")
-	}
+	p.needsTime = l.readsClock()
 	return p, nil
 }
 
@@ -241,8 +232,32 @@ type loader struct {
 	byName   map[string]*function
 	builtins map[string]*builtin
 	decls    map[string]*ast.Builtin // from the capabilities; nil: any OPA built-in
+	static   []*ast.Term             // ir.Static.Strings as string terms
 	raw      []string                // ir.Static.Strings
 	files    []string                // ir.Static.Files
+}
+
+// newLoader is a loader for p, which holds the capabilities.
+func newLoader(p *Program) *loader {
+	l := &loader{p: p, builtins: map[string]*builtin{}}
+	if p.caps != nil {
+		l.decls = make(map[string]*ast.Builtin, len(p.caps.Builtins))
+		for _, b := range p.caps.Builtins {
+			l.decls[b.Name] = b
+		}
+	}
+	return l
+}
+
+// readsClock reports whether a built-in the program calls may read the
+// evaluation's clock.
+func (l *loader) readsClock() bool {
+	for _, b := range l.builtins {
+		if strings.HasPrefix(b.name, "time.") || strings.HasPrefix(b.name, "io.jwt.") {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *loader) declare(b *ir.BuiltinFunc) error {
@@ -287,10 +302,10 @@ func (l *loader) operand(o ir.Operand, fn *function) (operand, error) {
 	case ir.Bool:
 		return operand{konst: ast.BooleanTerm(bool(v))}, nil
 	case ir.StringIndex:
-		if int(v) < 0 || int(v) >= len(l.p.static) {
+		if int(v) < 0 || int(v) >= len(l.static) {
 			return operand{}, fmt.Errorf("string constant %d out of range", v)
 		}
-		return operand{konst: l.p.static[v]}, nil
+		return operand{konst: l.static[v]}, nil
 	default:
 		return operand{}, fmt.Errorf("%w: operand %T", ErrUnsupported, val)
 	}
@@ -336,11 +351,18 @@ func (e *locatedError) Error() string {
 
 func (e *locatedError) Unwrap() error { return e.err }
 
-func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
-	in := instr{loc: s.GetLocation()}
-	if f := in.loc.File; f >= 0 && f < len(l.files) {
-		in.file = l.files[f]
+// location is loc with its file named, as OPA's interpreter locates
+// errors.
+func (l *loader) location(loc *ir.Location) *ast.Location {
+	file := ""
+	if loc.File >= 0 && loc.File < len(l.files) {
+		file = l.files[loc.File]
 	}
+	return &ast.Location{File: file, Row: loc.Row, Col: loc.Col, Text: loc.Text}
+}
+
+func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
+	in := instr{loc: l.location(s.GetLocation())}
 	var err error
 	ops := func(dst ...*operand) func(...ir.Operand) {
 		return func(src ...ir.Operand) {
@@ -378,9 +400,7 @@ func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
 			}
 			bi = l.builtins[x.Func]
 		}
-		in.op = opCallBuiltin
-		in.bi = &builtin{name: bi.name, f: bi.f, void: bi.void,
-			loc: &ast.Location{File: in.file, Row: x.Row, Col: x.Col, Text: x.Text}}
+		in.op, in.bi = opCallBuiltin, bi
 	case *ir.BlockStmt:
 		in.op = opBlock
 		for _, b := range x.Blocks {
@@ -522,10 +542,10 @@ func (l *loader) stmt(s ir.Stmt, fn *function) (instr, error) {
 		in.op, in.t = opWith, int(x.Local)
 		l.use(fn, in.t)
 		for _, k := range x.Path {
-			if k < 0 || k >= len(l.p.static) {
+			if k < 0 || k >= len(l.static) {
 				return in, fmt.Errorf("with: string constant %d out of range", k)
 			}
-			in.path = append(in.path, l.p.static[k])
+			in.path = append(in.path, l.static[k])
 		}
 		ops(&in.a)(x.Value)
 		code, err := l.block(x.Block, fn)
@@ -595,7 +615,7 @@ func foldLiterals(fn *function) {
 			if v, end, n, ok := literal(code, i, known); ok && n == inserts[in.t] && shared(in.t, map[int]bool{}) {
 				// Keep what the window computed besides the literal (numbers
 				// used as its elements), drop the literal's own inserts.
-				out = append(out, instr{op: opLoadConst, t: in.t, konst: v, loc: in.loc, file: in.file})
+				out = append(out, instr{op: opLoadConst, t: in.t, konst: v, loc: in.loc})
 				for k := i + 1; k <= end; k++ {
 					if !(isInsert(code[k].op) && code[k].t == in.t) {
 						out = append(out, code[k])

@@ -31,7 +31,7 @@ func (capture) PrepareForEval(ctx context.Context, p *ir.Policy, _ ...rego.Prepa
 func init() { rego.RegisterPlugin(target, capture{}) }
 
 // plan compiles module for OPA's planner and loads the plan of query.
-func plan(t *testing.T, module, query string) (*irvm.Program, error) {
+func plan(t testing.TB, module, query string) (*irvm.Program, error) {
 	t.Helper()
 	m, err := ast.ParseModule("m.rego", module)
 	if err != nil {
@@ -47,7 +47,23 @@ func plan(t *testing.T, module, query string) (*irvm.Program, error) {
 		PrepareForEval(context.WithValue(context.Background(), sinkKey{}, &p)); err != nil {
 		t.Fatal(err)
 	}
-	return irvm.Load(p, ast.CapabilitiesForThisVersion())
+	return loadBoth(t, p)
+}
+
+// loadBoth loads p, writes the program's binary form and reads it back:
+// the tests run what was read back, which must be what Load made.
+func loadBoth(t testing.TB, p *ir.Policy) (*irvm.Program, error) {
+	t.Helper()
+	caps := ast.CapabilitiesForThisVersion()
+	prog, err := irvm.Load(p, caps)
+	if err != nil {
+		return nil, err
+	}
+	read, err := irvm.RoundTrip(prog, caps)
+	if err != nil {
+		t.Fatalf("binary form: %v", err)
+	}
+	return read, nil
 }
 
 // interpret is what OPA's interpreter answers, the reference.
@@ -604,7 +620,7 @@ func TestRuleCacheKeysSeeThroughNestedBlocks(t *testing.T) {
 					Blocks: []*ir.Block{{Stmts: stmts}}}}},
 			}
 			defer irvm.CacheEveryRule()()
-			p, err := irvm.Load(pol, ast.CapabilitiesForThisVersion())
+			p, err := loadBoth(t, pol)
 			if err != nil {
 				t.Fatal(err)
 			}
