@@ -58,6 +58,15 @@ func (conformancePlugin) PrepareForEval(_ context.Context, p *ir.Policy, _ ...re
 	if err != nil {
 		return nil, err
 	}
+	// The suite runs the program as the plan cache serves it: read back
+	// from its binary form.
+	bin, err := prog.AppendBinary(nil)
+	if err != nil {
+		return nil, fmt.Errorf("binary form: %w", err)
+	}
+	if prog, err = irvm.LoadBinary(bin, Capabilities()); err != nil {
+		return nil, fmt.Errorf("binary form: %w", err)
+	}
 	return &planEval{prog: prog}, nil
 }
 
@@ -185,7 +194,7 @@ func prepareCase(ctx context.Context, c conformanceCase) (p *conformanceProgram,
 		return nil, "", err
 	}
 	// The engine's own path decides whether the plan runs.
-	if _, _, err := planQuery(ctx, compiler, query); err != nil {
+	if _, err := planQuery(ctx, compiler, query); err != nil {
 		if !errors.Is(err, irvm.ErrUnsupported) {
 			return nil, "", fmt.Errorf("plan: %w", err)
 		}

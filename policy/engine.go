@@ -24,7 +24,6 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/bundle"
-	"github.com/open-policy-agent/opa/v1/ir"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
@@ -93,9 +92,6 @@ type snapshot struct {
 	maskProgram *irvm.Program
 	// unmaskedAnnotations is the bundle's UnmaskedAnnotationsPath.
 	unmaskedAnnotations []string
-	// plans are OPA's plans behind program and maskProgram, kept for the
-	// plan cache; nil for a snapshot read from it.
-	plans *cachedPlans
 }
 
 // interpreter is OPA's interpreter prepared on a bundle's queries.
@@ -315,7 +311,6 @@ func (e *Engine) compileSources(ctx context.Context, src sources) (*snapshot, er
 		}
 		if err != nil || !sameValue(got, want) {
 			snap.program, snap.planNote = nil, fmt.Sprintf("the plan's probe decision differs from OPA's interpreter (%v, error %v)", got, err)
-			snap.plans = nil
 		}
 	}
 	if e.opts.Evaluator != EvaluatorTopdown && snap.program == nil {
@@ -371,8 +366,7 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 		return nil, err
 	}
 	if withPlan {
-		var plan *ir.Policy
-		if snap.program, plan, err = planQuery(ctx, compiler, DecisionQuery); err != nil {
+		if snap.program, err = planQuery(ctx, compiler, DecisionQuery); err != nil {
 			if !errors.Is(err, irvm.ErrUnsupported) {
 				return nil, fmt.Errorf("plan %s: %w", DecisionQuery, err)
 			}
@@ -381,7 +375,6 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 			if snap.data, err = dataTerm(ctx, store); err != nil {
 				return nil, err
 			}
-			snap.plans = &cachedPlans{decision: plan}
 		}
 	}
 	if len(compiler.GetRulesExact(ast.MustParseRef(MaskQuery))) > 0 {
@@ -392,14 +385,8 @@ func compile(ctx context.Context, b *bundle.Bundle, rev string, withPlan bool) (
 		interp.mask, snap.hasMask = &mask, true
 		if snap.program != nil {
 			// The mask runs in the interpreter when its plan cannot.
-			var plan *ir.Policy
-			if snap.maskProgram, plan, err = planQuery(ctx, compiler, MaskQuery); err != nil && !errors.Is(err, irvm.ErrUnsupported) {
+			if snap.maskProgram, err = planQuery(ctx, compiler, MaskQuery); err != nil && !errors.Is(err, irvm.ErrUnsupported) {
 				return nil, fmt.Errorf("plan %s: %w", MaskQuery, err)
-			}
-			if snap.maskProgram == nil {
-				snap.plans = nil // a snapshot without the mask's plan needs the interpreter: not cached
-			} else {
-				snap.plans.mask = plan
 			}
 		}
 	}

@@ -60,7 +60,7 @@ func (refuseRegoEval) Eval(context.Context, *rego.EvalContext, ast.Value) (ast.V
 // planQuery has OPA's planner plan query on the bundle's compiled modules
 // and loads the plan. errors.Is(err, irvm.ErrUnsupported) means the bundle
 // is fine but needs the interpreter.
-func planQuery(ctx context.Context, compiler *ast.Compiler, query string) (*irvm.Program, *ir.Policy, error) {
+func planQuery(ctx context.Context, compiler *ast.Compiler, query string) (*irvm.Program, error) {
 	// A rego target plugin switches the compiler to IR mode, which only
 	// skips index building for queries compiled later: switch it back.
 	defer compiler.WithEvalMode(ast.EvalModeTopdown)
@@ -71,10 +71,9 @@ func planQuery(ctx context.Context, compiler *ast.Compiler, query string) (*irvm
 		rego.Target(planTarget),
 	).PrepareForEval(context.WithValue(ctx, planSinkKey{}, &plan))
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: OPA's planner: %v", irvm.ErrUnsupported, err)
+		return nil, fmt.Errorf("%w: OPA's planner: %v", irvm.ErrUnsupported, err)
 	}
-	p, err := loadPlan(plan)
-	return p, plan, err
+	return loadPlan(plan)
 }
 
 // loadPlan loads a plan OPA's planner made for a bundle compiled with

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/gob"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -21,15 +21,17 @@ import (
 	"syscall"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/ir"
+
+	"github.com/bulkhead-runtime/bulkhead/policy/irvm"
 )
 
 // The plan cache (Options.PlanCacheDir) keeps what compiling a bundle
-// produces for the plan evaluator: OPA's plans of the decision and mask
-// queries, the bundle's data with the precomputed index, its revision. A
-// process that opens the same bundle again loads them instead of parsing,
-// compiling and planning it (most of Open's cost; a Bulkhead shim opens
-// the bundle once per pod).
+// produces for the plan evaluator: the programs of the decision and mask
+// queries as irvm loaded them from OPA's plans (irvm's binary form of a
+// Program), the bundle's data with the precomputed index, its revision. A
+// process that opens the same bundle again reads them instead of parsing,
+// compiling, planning and loading it (most of Open's cost; a Bulkhead shim
+// opens the bundle once per pod).
 //
 // An entry is named by a digest of everything its content depends on: the
 // bundle tarball's bytes and the data file's bytes as read, the
@@ -42,15 +44,16 @@ import (
 // succeeded. Another bundle, a changed byte, another key or scope is
 // another name: a miss, verified and compiled in full. The directory and
 // the entries must belong to this process's user and be closed to everyone
-// else (0700, 0600), or the cache is not read. A damaged entry is a miss.
+// else (0700, 0600), or the cache is not read. An entry starts with the
+// SHA-256 digest of the rest: a damaged entry is a miss.
 //
-// Decisions are identical with and without the cache: the same plans run
-// on the same data. OPA's interpreter, which decides where a plan defers,
+// Decisions are identical with and without the cache: the same programs
+// run on the same data. OPA's interpreter, which decides where a plan defers,
 // is compiled from the same bytes on first use.
 
 // planCacheFormat changes whenever what an entry holds or how the engine
 // compiles and plans a bundle changes.
-const planCacheFormat = "bulkhead-plan-cache/1"
+const planCacheFormat = "bulkhead-plan-cache/2"
 
 // planCacheMaxEntry bounds an entry read back.
 const planCacheMaxEntry = 256 << 20
@@ -58,89 +61,73 @@ const planCacheMaxEntry = 256 << 20
 // planCacheKeep is how many entries a directory keeps (the newest).
 const planCacheKeep = 4
 
-// cachedPlans are the plans behind a snapshot's programs.
-type cachedPlans struct {
-	decision, mask *ir.Policy
-}
-
-// planCacheEntry is one cache file, gob-encoded: OPA's JSON form of a
-// plan decodes in time quadratic in its nesting, slower than compiling.
+// planCacheEntry is one cache file (marshal).
 type planCacheEntry struct {
-	Format   string
-	Key      string
-	Revision string
-	Decision *gobPlan
-	Mask     *gobPlan
-	HasMask  bool
-	// Data is the data document with the index, as OPA's typed JSON of a
-	// term (sets stay sets).
-	Data     []byte
+	Format, Key, Revision string
+	// Unmasked is the bundle's UnmaskedAnnotationsPath.
 	Unmasked []string
+	// Data is the data document with the index, in irvm's binary form of a
+	// value (sets stay sets).
+	Data []byte
+	// Decision and Mask are the programs in irvm's binary form, Mask empty
+	// when the bundle has no mask: reading them back runs neither OPA's IR
+	// decoding nor irvm.Load's analyses.
+	Decision, Mask []byte
 }
 
-// registerPlanTypes registers the IR's statements and values with gob.
-var registerPlanTypes = sync.OnceFunc(func() {
-	for _, s := range ir.StmtKinds() {
-		gob.Register(s)
-	}
-	gob.Register(ir.Local(0))
-	gob.Register(ir.Bool(false))
-	gob.Register(ir.StringIndex(0))
-})
+// planCacheSections is how many sections an entry holds.
+const planCacheSections = 7
 
-// gobPlan is an ir.Policy as gob can encode it: built-ins by name (gob
-// cannot encode their declarations, and irvm reads OPA's own).
-type gobPlan struct {
-	Strings, Files []string
-	Builtins       []string
-	Plans          *ir.Plans
-	Funcs          *ir.Funcs
+// marshal is the entry's file: the SHA-256 digest of the rest, then each
+// field in the order planCacheEntry declares them, as its length (a
+// uvarint) and its bytes, Unmasked as JSON. The programs stay where they
+// are in the file when it is read back (unmarshalPlanCacheEntry).
+func (ent *planCacheEntry) marshal() ([]byte, error) {
+	unmasked, err := json.Marshal(ent.Unmasked)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, sha256.Size) // the digest, once the rest is known
+	for _, section := range [planCacheSections][]byte{
+		[]byte(ent.Format), []byte(ent.Key), []byte(ent.Revision), unmasked, ent.Data, ent.Decision, ent.Mask,
+	} {
+		b = binary.AppendUvarint(b, uint64(len(section)))
+		b = append(b, section...)
+	}
+	sum := sha256.Sum256(b[sha256.Size:])
+	copy(b, sum[:])
+	return b, nil
 }
 
-// toGobPlan converts p; ok is false for a plan irvm would not run from
-// the cache exactly: one calling a built-in OPA does not know, or with
-// rules OPA could not plan.
-func toGobPlan(p *ir.Policy) (_ *gobPlan, ok bool) {
-	if p == nil {
-		return nil, true
+// unmarshalPlanCacheEntry reads back what marshal wrote; the entry's byte
+// slices are raw's.
+func unmarshalPlanCacheEntry(raw []byte) (*planCacheEntry, error) {
+	if len(raw) < sha256.Size {
+		return nil, errors.New("entry is truncated")
 	}
-	if len(p.UnplannedRules) > 0 {
-		return nil, false
+	rest := raw[sha256.Size:]
+	if sum := sha256.Sum256(rest); !bytes.Equal(sum[:], raw[:sha256.Size]) {
+		return nil, errors.New("entry is damaged: its digest does not match")
 	}
-	g := &gobPlan{Plans: p.Plans, Funcs: p.Funcs}
-	if p.Static != nil {
-		for _, c := range p.Static.Strings {
-			g.Strings = append(g.Strings, c.Value)
+	var sections [planCacheSections][]byte
+	for i := range sections {
+		n, size := binary.Uvarint(rest)
+		if size <= 0 || n > uint64(len(rest)-size) {
+			return nil, fmt.Errorf("entry is malformed: section %d", i)
 		}
-		for _, c := range p.Static.Files {
-			g.Files = append(g.Files, c.Value)
-		}
-		for _, b := range p.Static.BuiltinFuncs {
-			if ast.BuiltinMap[b.Name] == nil {
-				return nil, false
-			}
-			g.Builtins = append(g.Builtins, b.Name)
-		}
+		sections[i], rest = rest[size:size+int(n)], rest[size+int(n):]
 	}
-	return g, true
-}
-
-// policy is the ir.Policy g holds.
-func (g *gobPlan) policy() *ir.Policy {
-	if g == nil {
-		return nil
+	if len(rest) > 0 {
+		return nil, fmt.Errorf("entry is malformed: %d bytes after its sections", len(rest))
 	}
-	static := &ir.Static{}
-	for _, v := range g.Strings {
-		static.Strings = append(static.Strings, &ir.StringConst{Value: v})
+	ent := &planCacheEntry{
+		Format: string(sections[0]), Key: string(sections[1]), Revision: string(sections[2]),
+		Data: sections[4], Decision: sections[5], Mask: sections[6],
 	}
-	for _, v := range g.Files {
-		static.Files = append(static.Files, &ir.StringConst{Value: v})
+	if err := json.Unmarshal(sections[3], &ent.Unmasked); err != nil {
+		return nil, fmt.Errorf("entry is malformed: %w", err)
 	}
-	for _, name := range g.Builtins {
-		static.BuiltinFuncs = append(static.BuiltinFuncs, &ir.BuiltinFunc{Name: name, Decl: ast.BuiltinMap[name].Decl})
-	}
-	return &ir.Policy{Static: static, Plans: g.Plans, Funcs: g.Funcs}
+	return ent, nil
 }
 
 // planCache is the cache entry of one load.
@@ -274,33 +261,36 @@ func (c *planCache) read() ([]byte, error) {
 	if st.Size() > planCacheMaxEntry {
 		return nil, fmt.Errorf("%s: %d bytes, more than %d", c.path(), st.Size(), planCacheMaxEntry)
 	}
-	return io.ReadAll(io.LimitReader(f, planCacheMaxEntry+1))
+	raw := make([]byte, st.Size())
+	if _, err := io.ReadFull(f, raw); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.path(), err)
+	}
+	return raw, nil
 }
 
-// decode checks an entry and loads its plans.
+// decode checks an entry and reads its programs back.
 func (c *planCache) decode(raw []byte) (*snapshot, error) {
-	registerPlanTypes()
-	var ent planCacheEntry
-	if err := gob.NewDecoder(bytes.NewReader(raw)).Decode(&ent); err != nil {
-		return nil, fmt.Errorf("decode: %w", err)
+	ent, err := unmarshalPlanCacheEntry(raw)
+	if err != nil {
+		return nil, err
 	}
 	if ent.Format != planCacheFormat || ent.Key != c.key {
 		return nil, fmt.Errorf("entry is format %q key %.12s, want %q key %.12s", ent.Format, ent.Key, planCacheFormat, c.key)
 	}
-	if ent.Decision == nil || ent.Data == nil || ent.Revision == "" || ent.HasMask != (ent.Mask != nil) {
+	if len(ent.Decision) == 0 || len(ent.Data) == 0 || ent.Revision == "" {
 		return nil, errors.New("entry is incomplete")
 	}
-	var data ast.Term
-	if err := json.Unmarshal(ent.Data, &data); err != nil {
+	data, err := irvm.ReadValue(ent.Data)
+	if err != nil {
 		return nil, fmt.Errorf("data: %w", err)
 	}
-	snap := &snapshot{revision: ent.Revision, hasMask: ent.HasMask, data: &data, unmaskedAnnotations: ent.Unmasked}
-	var err error
-	if snap.program, err = loadPlan(ent.Decision.policy()); err != nil {
+	snap := &snapshot{revision: ent.Revision, hasMask: len(ent.Mask) > 0, data: ast.NewTerm(data), unmaskedAnnotations: ent.Unmasked}
+	caps := Capabilities()
+	if snap.program, err = irvm.LoadBinary(ent.Decision, caps); err != nil {
 		return nil, fmt.Errorf("plan %s: %w", DecisionQuery, err)
 	}
-	if ent.Mask != nil {
-		if snap.maskProgram, err = loadPlan(ent.Mask.policy()); err != nil {
+	if snap.hasMask {
+		if snap.maskProgram, err = irvm.LoadBinary(ent.Mask, caps); err != nil {
 			return nil, fmt.Errorf("plan %s: %w", MaskQuery, err)
 		}
 	}
@@ -308,39 +298,34 @@ func (c *planCache) decode(raw []byte) (*snapshot, error) {
 }
 
 // store writes snap's entry when it can be served without the interpreter
-// (a plan for the decision, and for the mask when there is one); a
+// (a program for the decision, and for the mask when there is one); a
 // failure only costs the next open a compile.
 func (c *planCache) store(snap *snapshot, logger *slog.Logger) {
-	if snap.program == nil || snap.plans == nil || snap.data == nil || (snap.hasMask && snap.plans.mask == nil) {
+	if snap.program == nil || snap.data == nil || (snap.hasMask && snap.maskProgram == nil) {
 		return
 	}
-	decision, ok1 := toGobPlan(snap.plans.decision)
-	mask, ok2 := toGobPlan(snap.plans.mask)
-	if !ok1 || !ok2 {
-		return
+	ent := planCacheEntry{Format: planCacheFormat, Key: c.key, Revision: snap.revision, Unmasked: snap.unmaskedAnnotations}
+	data, err := irvm.AppendValue(nil, snap.data.Value)
+	if err == nil {
+		ent.Data = data
+		ent.Decision, err = snap.program.AppendBinary(nil)
 	}
-	data, err := json.Marshal(snap.data)
+	if err == nil && snap.hasMask {
+		ent.Mask, err = snap.maskProgram.AppendBinary(nil)
+	}
+	if err == nil {
+		err = c.write(ent)
+	}
 	if err != nil {
-		logger.Warn("policy plan cache entry not written", "dir", c.dir, "error", err)
-		return
-	}
-	ent := planCacheEntry{
-		Format: planCacheFormat, Key: c.key, Revision: snap.revision,
-		Decision: decision, Mask: mask, HasMask: snap.hasMask,
-		Data: data, Unmasked: snap.unmaskedAnnotations,
-	}
-	if err := c.write(ent); err != nil {
 		logger.Warn("policy plan cache entry not written", "dir", c.dir, "error", err)
 	}
 }
 
 func (c *planCache) write(ent planCacheEntry) error {
-	registerPlanTypes()
-	var buf bytes.Buffer
-	if err := gob.NewEncoder(&buf).Encode(ent); err != nil {
+	data, err := ent.marshal()
+	if err != nil {
 		return err
 	}
-	data := buf.Bytes()
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return err
 	}

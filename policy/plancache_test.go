@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"crypto/sha256"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -144,6 +145,23 @@ func TestPlanCacheRefuses(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
+		"entry with a byte changed": {change: func(t *testing.T, _ *Options, entry string) {
+			raw, err := os.ReadFile(entry)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw[len(raw)/2] ^= 0x40
+			writeEntry(t, entry, raw)
+		}},
+		"entry of another format": {change: func(t *testing.T, _ *Options, entry string) {
+			rewriteEntry(t, entry, func(ent *planCacheEntry) { ent.Format = "bulkhead-plan-cache/1" })
+		}},
+		"entry whose program is cut short, under a digest that matches": {change: func(t *testing.T, _ *Options, entry string) {
+			rewriteEntry(t, entry, func(ent *planCacheEntry) { ent.Decision = ent.Decision[:len(ent.Decision)/2] })
+		}},
+		"entry whose data is not a value, under a digest that matches": {change: func(t *testing.T, _ *Options, entry string) {
+			rewriteEntry(t, entry, func(ent *planCacheEntry) { ent.Data = []byte{0xff} })
+		}},
 		"entry of another bundle under this name": {change: func(t *testing.T, opts *Options, entry string) {
 			other := *opts
 			p := filepath.Join(t.TempDir(), "tenants.json")
@@ -199,4 +217,67 @@ func TestPlanCacheDirMustBeAbsolute(t *testing.T) {
 	if _, err := Open(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "Options.PlanCacheDir") {
 		t.Fatalf("Open: %v, want an error naming Options.PlanCacheDir", err)
 	}
+}
+
+// rewriteEntry changes the entry at path with edit and writes it back
+// under a digest that matches.
+func rewriteEntry(t *testing.T, path string, edit func(*planCacheEntry)) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ent, err := unmarshalPlanCacheEntry(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(ent)
+	if raw, err = ent.marshal(); err != nil {
+		t.Fatal(err)
+	}
+	writeEntry(t, path, raw)
+}
+
+func writeEntry(t *testing.T, path string, raw []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FuzzPlanCacheEntry: whatever an entry holds under a digest that matches
+// (what another build wrote, say), reading it is an error or a snapshot,
+// never a panic; an entry whose digest does not match is never read. The
+// seed is the default bundle's entry.
+func FuzzPlanCacheEntry(f *testing.F) {
+	opts := signedDefaultOptions(f)
+	opts.PlanCacheDir = filepath.Join(f.TempDir(), "cache")
+	e, err := Open(context.Background(), opts)
+	if err != nil {
+		f.Fatal(err)
+	}
+	e.Close()
+	entries, _ := filepath.Glob(filepath.Join(opts.PlanCacheDir, "plan-*"))
+	if len(entries) != 1 {
+		f.Fatalf("cache holds %v, want one entry", entries)
+	}
+	raw, err := os.ReadFile(entries[0])
+	if err != nil {
+		f.Fatal(err)
+	}
+	ent, err := unmarshalPlanCacheEntry(raw)
+	if err != nil {
+		f.Fatal(err)
+	}
+	c := &planCache{key: ent.Key}
+	f.Add(raw[sha256.Size:])
+	f.Fuzz(func(t *testing.T, body []byte) {
+		sum := sha256.Sum256(body)
+		raw := append(sum[:], body...)
+		_, _ = c.decode(raw)
+		raw[0] ^= 1
+		if _, err := c.decode(raw); err == nil {
+			t.Fatal("an entry whose digest does not match was read")
+		}
+	})
 }
