@@ -119,7 +119,7 @@ func shimStages(log string) map[string][]time.Duration {
 }
 
 // stageOrder is the order the stages are printed in.
-var stageOrder = []string{"since-exec", "create", "added", "open.ledger", "open.mig", "open.fence", "open.policy", "open.policy-wait", "gc", "decide", "reserve", "gpu", "sandbox", "fence", "fence.netns", "fence.ledger", "fence.register", "activate"}
+var stageOrder = []string{"since-exec", "create", "added", "open.wait", "open.ledger", "open.mig", "open.fence", "open.policy", "open.policy-wait", "gc", "decide", "reserve", "gpu", "sandbox", "fence", "fence.netns", "fence.ledger", "fence.register", "activate"}
 
 // BenchmarkPodStart times 20 pod starts through the CRI for each of:
 // gVisor's own containerd-shim-runsc-v1 (where this process has
