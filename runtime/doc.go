@@ -33,10 +33,14 @@
 // and sysctls the spec shares, the node's GPUs); reserve (in one bbolt
 // transaction: usage, the decision again with it for quotas, the GPU
 // placement); gpu (a MIG instance on runc, a whole GPU in gVisor, injected
-// into the spec, and a CDI spec for it in mig.cdi_spec_dir); sandbox (the task service creates it); fence (the pod's
-// host veth registered in the eBPF maps); activate. A failure at any step
-// unwinds the steps taken, in reverse. The decision must name the runtime
-// the shim runs (runtime.handler_mismatch otherwise).
+// into the spec, and a CDI spec for it in mig.cdi_spec_dir); then, at the
+// same time, sandbox (the task service creates it) and fence (the pod's
+// host veth registered in the eBPF maps), both finished before the create
+// returns; activate. A failure at any step unwinds the steps taken, in
+// reverse. The decision must name the runtime the shim runs
+// (runtime.handler_mismatch otherwise). The pipeline itself (ledger, MIG
+// backend, fence, policy engine) and a GC pass begin opening when the shim
+// begins to serve (OpenEarly), before containerd sends the create.
 //
 // On every other container's create: the policy again (input kind
 // container) on what that container asks of the host — host bind mounts
