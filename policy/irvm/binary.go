@@ -2,7 +2,6 @@ package irvm
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"maps"
 	"math/big"
@@ -36,7 +35,7 @@ import (
 
 // binaryFormat starts a Program's binary form; it changes whenever what
 // the form holds does.
-const binaryFormat = "irvm-program/1"
+const binaryFormat = "irvm-program/2"
 
 // maxDepth bounds the nesting of blocks and of values in a binary form.
 const maxDepth = 1000
@@ -86,18 +85,23 @@ func (p *Program) AppendBinary(b []byte) ([]byte, error) {
 	for i, fn := range p.funcs {
 		e.funcs[fn] = i
 	}
-	// The body first: writing it fills the tables that precede it.
+	// The body first: writing it fills the tables that precede it. Every
+	// function's header comes before any statement, so that a statement
+	// is checked against its frame and its callee as it is read.
 	body := &writer{}
 	body.uint(len(p.keyPaths))
 	for _, q := range p.keyPaths {
 		e.termList(body, q)
 	}
-	body.int(p.nmemo)
 	body.uint(len(p.funcs))
-	for _, fn := range p.funcs {
-		e.function(body, fn)
+	body.int(p.nmemo)
+	fns := append(slices.Clone(p.funcs), p.plan)
+	for _, fn := range fns {
+		e.header(body, fn)
 	}
-	e.function(body, p.plan)
+	for _, fn := range fns {
+		e.blocks(body, fn.blocks)
+	}
 	body.uint(len(p.byPath))
 	for _, key := range slices.Sorted(maps.Keys(p.byPath)) {
 		body.string(key)
@@ -185,7 +189,8 @@ func (e *encoder) termList(w *writer, ts []*ast.Term) {
 	}
 }
 
-func (e *encoder) function(w *writer, fn *function) {
+// header writes every field of fn but its blocks.
+func (e *encoder) header(w *writer, fn *function) {
 	w.string(fn.name)
 	w.uint(len(fn.params))
 	for _, prm := range fn.params {
@@ -202,7 +207,6 @@ func (e *encoder) function(w *writer, fn *function) {
 			w.bool(d.exists)
 		}
 	}
-	e.blocks(w, fn.blocks)
 }
 
 func (e *encoder) blocks(w *writer, blocks [][]instr) {
@@ -217,41 +221,92 @@ func (e *encoder) blocks(w *writer, blocks [][]instr) {
 	}
 }
 
-// instr writes every field of in, in the order instr declares them.
+// The fields of an instr besides its op, a bit each, in the order instr
+// declares them: a statement's form is its op, the bits of the fields it
+// sets (holds other than their zero value), then those fields.
+const (
+	hasA = 1 << iota
+	hasB
+	hasT
+	hasS
+	hasK
+	hasV
+	hasN
+	hasKonst
+	hasBlocks
+	hasFn
+	hasArgs
+	hasBi
+	hasLoc
+	hasPath
+	hasDyn
+	hasBase
+	hasAny = 1<<iota - 1
+)
+
 func (e *encoder) instr(w *writer, in *instr) {
+	set := 0
+	for bit, isSet := range [...]bool{ // in the order of hasA...hasBase
+
+		in.a != (operand{}), in.b != (operand{}), in.t != 0, in.s != 0, in.k != 0, in.v != 0, in.n != 0,
+		in.konst != nil, len(in.blocks) > 0, in.fn != nil, len(in.args) > 0, in.bi != nil, in.loc != nil,
+		len(in.path) > 0, len(in.dyn) > 0, in.base,
+	} {
+		if isSet {
+			set |= 1 << bit
+		}
+	}
 	w.uint(int(in.op))
-	e.operand(w, in.a)
-	e.operand(w, in.b)
-	w.int(in.t)
-	w.int(in.s)
-	w.int(in.k)
-	w.int(in.v)
-	w.int(int(in.n))
-	e.term(w, in.konst)
-	e.blocks(w, in.blocks)
-	if in.fn == nil {
-		w.uint(0)
-	} else {
-		w.uint(e.funcs[in.fn] + 1)
+	w.uint(set)
+	if set&hasA != 0 {
+		e.operand(w, in.a)
 	}
-	e.operands(w, in.args)
-	if in.bi == nil {
-		w.uint(0)
-	} else {
+	if set&hasB != 0 {
+		e.operand(w, in.b)
+	}
+	if set&hasT != 0 {
+		w.int(in.t)
+	}
+	if set&hasS != 0 {
+		w.int(in.s)
+	}
+	if set&hasK != 0 {
+		w.int(in.k)
+	}
+	if set&hasV != 0 {
+		w.int(in.v)
+	}
+	if set&hasN != 0 {
+		w.int(int(in.n))
+	}
+	if set&hasKonst != 0 {
+		e.term(w, in.konst)
+	}
+	if set&hasBlocks != 0 {
+		e.blocks(w, in.blocks)
+	}
+	if set&hasFn != 0 {
+		w.uint(e.funcs[in.fn])
+	}
+	if set&hasArgs != 0 {
+		e.operands(w, in.args)
+	}
+	if set&hasBi != 0 {
 		index(e.strings, &e.stringList, in.bi.name)
-		w.uint(index(e.builtins, &e.builtinList, in.bi.name) + 1)
+		w.uint(index(e.builtins, &e.builtinList, in.bi.name))
 	}
-	if in.loc == nil {
-		w.uint(0)
-	} else {
+	if set&hasLoc != 0 {
 		loc := locationKey{file: in.loc.File, row: in.loc.Row, col: in.loc.Col, text: string(in.loc.Text)}
 		index(e.strings, &e.stringList, loc.file)
 		index(e.strings, &e.stringList, loc.text)
-		w.uint(index(e.locs, &e.locList, loc) + 1)
+		w.uint(index(e.locs, &e.locList, loc))
 	}
-	e.termList(w, in.path)
-	e.operands(w, in.dyn)
-	w.bool(in.base)
+	if set&hasPath != 0 {
+		e.termList(w, in.path)
+	}
+	if set&hasDyn != 0 {
+		e.operands(w, in.dyn)
+	}
 }
 
 func (e *encoder) operand(w *writer, o operand) {
@@ -274,23 +329,21 @@ func (e *encoder) operands(w *writer, os []operand) {
 // for Load; a call to anything else is refused.
 func LoadBinary(b []byte, caps *ast.Capabilities) (*Program, error) {
 	p := &Program{caps: caps}
-	d := &decoder{r: reader{s: string(b)}, l: newLoader(p)}
-	err := d.program()
-	if err == nil {
-		err = p.check(len(b))
-	}
-	if err != nil {
+	d := &decoder{r: reader{s: string(b)}, l: newLoader(p), size: len(b)}
+	if err := d.program(); err != nil {
 		return nil, fmt.Errorf("irvm: binary form of a program: %w", err)
 	}
 	p.needsTime = d.l.readsClock()
 	return p, nil
 }
 
-// decoder reads a Program's binary form. Reads after an error return zero
-// values; d.r.err holds the first error.
+// decoder reads a Program's binary form and checks, as it reads, what
+// Load guarantees by construction and the evaluator relies on. Reads after
+// an error return zero values; d.r.err holds the first error.
 type decoder struct {
 	r        reader
 	l        *loader
+	size     int // of the form: it bounds every count
 	strings  []string
 	builtins []*builtin
 	locs     []ast.Location
@@ -300,6 +353,13 @@ type decoder struct {
 	blockSlab   [][]instr
 	instrSlab   []instr
 	operandSlab []operand
+	// fn is the function whose statements are being read. callees are
+	// the functions every function calls, by index in Program.funcs, in
+	// the order the functions are read (the plan last): function i's are
+	// callees[firstCallee[i]:firstCallee[i+1]].
+	fn          *function
+	callees     []int
+	firstCallee []int
 }
 
 func (d *decoder) program() error {
@@ -349,17 +409,25 @@ func (d *decoder) program() error {
 	for i := range p.keyPaths {
 		p.keyPaths[i] = d.termList()
 	}
-	p.nmemo = r.int()
 	funcs := make([]function, r.count())
 	p.funcs = make([]*function, len(funcs))
 	for i := range funcs {
 		p.funcs[i] = &funcs[i]
 	}
-	for _, fn := range p.funcs {
-		d.function(fn)
+	if p.nmemo = r.int(); p.nmemo < 0 || p.nmemo > len(funcs) {
+		r.fail("%d memoised functions of %d", p.nmemo, len(funcs))
 	}
 	p.plan = &function{}
-	d.function(p.plan)
+	fns := append(slices.Clone(p.funcs), p.plan)
+	for _, fn := range fns {
+		d.header(fn)
+	}
+	for _, fn := range fns {
+		d.fn = fn
+		d.firstCallee = append(d.firstCallee, len(d.callees))
+		fn.blocks = d.readBlocks(0)
+	}
+	d.firstCallee = append(d.firstCallee, len(d.callees))
 	if n := r.count(); n > 0 {
 		p.byPath = make(map[string]*function, n)
 		for range n {
@@ -373,7 +441,10 @@ func (d *decoder) program() error {
 	if r.err == nil && len(r.s) > 0 {
 		r.fail("%d bytes after the program", len(r.s))
 	}
-	return r.err
+	if r.err != nil {
+		return r.err
+	}
+	return d.acyclic()
 }
 
 // str reads a reference to the string table.
@@ -410,7 +481,10 @@ func (d *decoder) termList() []*ast.Term {
 	return ts
 }
 
-func (d *decoder) function(fn *function) {
+// header reads the fields encoder.header wrote and checks that fn's frame
+// holds its parameters and return local, and its memo slot exists; the
+// plan takes input and data in locals 0 and 1 and returns nothing.
+func (d *decoder) header(fn *function) {
 	r := &d.r
 	fn.name = r.string()
 	if n := r.count(); n > 0 {
@@ -434,8 +508,20 @@ func (d *decoder) function(fn *function) {
 			}
 		}
 	}
-	fn.blocks = d.readBlocks(0)
+	p := d.l.p
+	ok := fn.nlocals >= 1 && fn.nlocals <= d.size && !slices.ContainsFunc(fn.params, fn.outside)
+	if fn == p.plan {
+		ok = ok && len(fn.params) == 0 && fn.ret == -1 && fn.memo == -1 && fn.cache == nil && fn.nlocals > int(ir.Data)
+	} else {
+		ok = ok && len(fn.params) > 0 && !fn.outside(fn.ret) && fn.memo >= -1 && fn.memo < p.nmemo && (fn.cache == nil || fn.memo >= 0)
+	}
+	if !ok && r.err == nil {
+		r.fail("function %s: malformed", fn.name)
+	}
 }
+
+// outside reports whether local is outside fn's frame.
+func (fn *function) outside(local int) bool { return local < 0 || local >= fn.nlocals }
 
 func (d *decoder) readBlocks(depth int) [][]instr {
 	n := d.r.count()
@@ -469,28 +555,67 @@ func cut[T any](slab *[]T, n int, r *reader) []T {
 	return s
 }
 
-// instr reads the fields encoder.instr wrote.
+// instr reads the fields encoder.instr wrote and checks them.
 func (d *decoder) instr(in *instr, depth int) {
 	r := &d.r
 	in.op = opcode(r.index(int(numOpcodes)))
-	in.a, in.b = d.operand(), d.operand()
-	in.t, in.s, in.k, in.v = r.int(), r.int(), r.int(), r.int()
-	in.n = int64(r.int())
-	in.konst = d.term()
-	in.blocks = d.readBlocks(depth + 1)
-	if i := r.index(len(d.l.p.funcs) + 1); i > 0 {
-		in.fn = d.l.p.funcs[i-1]
+	set := r.index(hasAny + 1)
+	if set&hasA != 0 {
+		in.a = d.operand()
 	}
-	in.args = d.operands()
-	if i := r.index(len(d.builtins) + 1); i > 0 {
-		in.bi = d.builtins[i-1]
+	if set&hasB != 0 {
+		in.b = d.operand()
 	}
-	if i := r.index(len(d.locs) + 1); i > 0 {
-		in.loc = &d.locs[i-1]
+	if set&hasT != 0 {
+		in.t = r.int()
 	}
-	in.path = d.termList()
-	in.dyn = d.operands()
-	in.base = r.bool()
+	if set&hasS != 0 {
+		in.s = r.int()
+	}
+	if set&hasK != 0 {
+		in.k = r.int()
+	}
+	if set&hasV != 0 {
+		in.v = r.int()
+	}
+	if set&hasN != 0 {
+		in.n = int64(r.int())
+	}
+	if set&hasKonst != 0 {
+		in.konst = d.term()
+	}
+	if set&hasBlocks != 0 {
+		in.blocks = d.readBlocks(depth + 1)
+	}
+	if set&hasFn != 0 {
+		if i := r.index(len(d.l.p.funcs)); r.err == nil {
+			in.fn = d.l.p.funcs[i]
+			d.callees = append(d.callees, i)
+		}
+	}
+	if set&hasArgs != 0 {
+		in.args = d.operands()
+	}
+	if set&hasBi != 0 {
+		if i := r.index(len(d.builtins)); r.err == nil {
+			in.bi = d.builtins[i]
+		}
+	}
+	if set&hasLoc != 0 {
+		if i := r.index(len(d.locs)); r.err == nil {
+			in.loc = &d.locs[i]
+		}
+	}
+	if set&hasPath != 0 {
+		in.path = d.termList()
+	}
+	if set&hasDyn != 0 {
+		in.dyn = d.operands()
+	}
+	in.base = set&hasBase != 0
+	if r.err == nil && !d.wellFormed(in) {
+		r.fail("function %s: a malformed statement (op %d)", d.fn.name, in.op)
+	}
 }
 
 func (d *decoder) operand() operand {
@@ -512,106 +637,56 @@ func (d *decoder) operands() []operand {
 	return os
 }
 
-// check verifies what Load guarantees by construction and the evaluator
-// relies on; size is the length of the binary form, which bounds every
-// count (a frame's locals, a collection's capacity).
-func (p *Program) check(size int) error {
-	if p.nmemo < 0 || p.nmemo > len(p.funcs) {
-		return fmt.Errorf("%d memoised functions of %d", p.nmemo, len(p.funcs))
+// wellFormed reports whether the evaluator can run in in d.fn's frame:
+// every local it names is in the frame, the blocks and arguments its op
+// reads are there, a capacity is no larger than the form.
+func (d *decoder) wellFormed(in *instr) bool {
+	outside := d.fn.outside
+	badOperand := func(o operand) bool { return o.konst == nil && outside(o.local) }
+	if outside(in.t) || outside(in.s) || outside(in.k) || outside(in.v) || badOperand(in.a) || badOperand(in.b) ||
+		slices.ContainsFunc(in.args, badOperand) || slices.ContainsFunc(in.dyn, badOperand) ||
+		in.n < 0 || in.n > int64(d.size) {
+		return false
 	}
-	if pl := p.plan; len(pl.params) > 0 || pl.ret != -1 || pl.memo != -1 || pl.cache != nil || pl.nlocals <= int(ir.Data) {
-		return errors.New("the plan is not shaped as one")
+	switch in.op {
+	case opScan, opNot, opWith:
+		return len(in.blocks) == 1
+	case opCall:
+		return in.fn != nil && len(in.args) == len(in.fn.params)
+	case opCallBuiltin:
+		return in.bi != nil
+	case opCallDynamic:
+		return len(in.args) == 2
 	}
-	for _, fn := range append([]*function{p.plan}, p.funcs...) {
-		if err := p.checkFunction(fn, size); err != nil {
-			return fmt.Errorf("function %s: %w", fn.name, err)
-		}
-	}
-	return p.checkAcyclic()
+	return true
 }
 
-func (p *Program) checkFunction(fn *function, size int) error {
-	if fn.nlocals < 1 || fn.nlocals > size {
-		return fmt.Errorf("%d locals", fn.nlocals)
-	}
-	local := func(x int) bool { return x >= 0 && x < fn.nlocals }
-	if fn != p.plan && (len(fn.params) == 0 || !local(fn.ret)) {
-		return errors.New("no parameters or no return local")
-	}
-	outside := func(x int) bool { return !local(x) }
-	if slices.ContainsFunc(fn.params, outside) {
-		return errors.New("a parameter outside the frame")
-	}
-	if fn.memo < -1 || fn.memo >= p.nmemo || (fn.cache != nil && fn.memo < 0) {
-		return fmt.Errorf("memo slot %d", fn.memo)
-	}
-	badOperand := func(o operand) bool { return o.konst == nil && !local(o.local) }
-	var err error
-	var walk func(code []instr)
-	walk = func(code []instr) {
-		for i := range code {
-			in := &code[i]
-			switch {
-			case err != nil:
-				return
-			case slices.ContainsFunc([]int{in.t, in.s, in.k, in.v}, outside) ||
-				slices.ContainsFunc([]operand{in.a, in.b}, badOperand) ||
-				slices.ContainsFunc(in.args, badOperand) || slices.ContainsFunc(in.dyn, badOperand):
-				err = fmt.Errorf("statement %d: a local outside the frame", i)
-			case (in.op == opScan || in.op == opNot || in.op == opWith) && len(in.blocks) != 1,
-				in.op == opCall && (in.fn == nil || len(in.args) != len(in.fn.params)),
-				in.op == opCallBuiltin && in.bi == nil,
-				in.op == opCallDynamic && len(in.args) != 2,
-				in.n < 0 || in.n > int64(size):
-				err = fmt.Errorf("statement %d: malformed", i)
-			}
-			for _, b := range in.blocks {
-				walk(b)
-			}
-		}
-	}
-	for _, b := range fn.blocks {
-		walk(b)
-	}
-	return err
-}
-
-// checkAcyclic refuses a function that calls itself, directly or not.
-func (p *Program) checkAcyclic() error {
+// acyclic refuses a function that calls itself, directly or not.
+func (d *decoder) acyclic() error {
 	const (
 		unseen = iota
 		onPath
 		done
 	)
-	state := map[*function]int{}
-	var visit func(fn *function) error
-	visit = func(fn *function) error {
+	state := make([]int, len(d.firstCallee)-1)
+	var visit func(fn int) error
+	visit = func(fn int) error {
 		switch state[fn] {
 		case onPath:
-			return fmt.Errorf("function %s calls itself", fn.name)
+			return fmt.Errorf("function %s calls itself", d.l.p.funcs[fn].name)
 		case done:
 			return nil
 		}
 		state[fn] = onPath
-		var err error
-		var walk func(code []instr)
-		walk = func(code []instr) {
-			for i := range code {
-				if err == nil && code[i].fn != nil {
-					err = visit(code[i].fn)
-				}
-				for _, b := range code[i].blocks {
-					walk(b)
-				}
+		for _, callee := range d.callees[d.firstCallee[fn]:d.firstCallee[fn+1]] {
+			if err := visit(callee); err != nil {
+				return err
 			}
 		}
-		for _, b := range fn.blocks {
-			walk(b)
-		}
 		state[fn] = done
-		return err
+		return nil
 	}
-	return visit(p.plan)
+	return visit(len(state) - 1) // the plan
 }
 
 // writer appends a binary form to b.

@@ -114,9 +114,9 @@ func diffValues(a, b reflect.Value, at string, seen map[[2]uintptr]bool) string 
 	return ""
 }
 
-// TestBinaryFormWritesEveryField: encoder.instr and encoder.function write
-// every field, decoder.instr and decoder.function read them back. A new
-// field goes there, then here.
+// TestBinaryFormWritesEveryField: encoder.instr (a has* bit per field),
+// encoder.header and encoder.blocks write every field, the decoder's
+// namesakes read them back. A new field goes there, then here.
 func TestBinaryFormWritesEveryField(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
 		reflect.TypeFor[instr]():    17,
