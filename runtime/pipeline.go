@@ -180,8 +180,39 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 	return c, err
 }
 
-// openNodeComponents opens the ledger, the MIG backend and the fence into c.
+// openNodeComponents opens the ledger, the MIG backend and the fence into
+// c. The fence opens while the other two do: none needs another.
 func openNodeComponents(ctx context.Context, cfg Config, c *Components) error {
+	type opened struct {
+		fence *netpol.Manager
+		err   error
+	}
+	fenceOpened := make(chan opened, 1)
+	go func() {
+		t := time.Now()
+		fence, err := openFence(ctx, cfg)
+		if fence != nil {
+			traceStage(ctx, "open.fence", t)
+		}
+		fenceOpened <- opened{fence, err}
+	}()
+	err := openLedgerAndMIG(ctx, cfg, c)
+	f := <-fenceOpened
+	if err == nil {
+		err = f.err
+	}
+	if err != nil {
+		if f.fence != nil {
+			f.fence.Close()
+		}
+		return err
+	}
+	c.Fence = f.fence
+	return nil
+}
+
+// openLedgerAndMIG opens the ledger and the MIG backend into c.
+func openLedgerAndMIG(ctx context.Context, cfg Config, c *Components) error {
 	var err error
 	t := time.Now()
 	if c.Ledger, err = OpenLedger(cfg.LedgerPath); err != nil {
@@ -212,25 +243,31 @@ func openNodeComponents(ctx context.Context, cfg Config, c *Components) error {
 		// The backend's view keeps GPUs not in MIG mode out of slicing.
 		c.GPUs = nb.AllocatorGPUs()
 	}
-	t = traceStage(ctx, "open.mig", t)
-	if cfg.Netpol.Enabled {
-		if err := netpol.MountBPFFS(filepath.Dir(cfg.Netpol.PinDir)); err != nil {
-			return fmt.Errorf("netpol: %w", err)
-		}
-		nopts := netpol.Options{PinDir: cfg.Netpol.PinDir, LockPath: cfg.Netpol.LockPath}
-		if len(cfg.Netpol.ClusterCIDRs) > 0 || len(cfg.Netpol.SharedServices) > 0 {
-			cc, err := cfg.Netpol.cluster()
-			if err != nil {
-				return err
-			}
-			nopts.Cluster = cc
-		}
-		if c.Fence, err = netpol.Open(ctx, nopts); err != nil {
-			return fmt.Errorf("netpol: %w", err)
-		}
-		traceStage(ctx, "open.fence", t)
-	}
+	traceStage(ctx, "open.mig", t)
 	return nil
+}
+
+// openFence opens the fence cfg names; nil when netpol.enabled is false.
+func openFence(ctx context.Context, cfg Config) (*netpol.Manager, error) {
+	if !cfg.Netpol.Enabled {
+		return nil, nil
+	}
+	if err := netpol.MountBPFFS(filepath.Dir(cfg.Netpol.PinDir)); err != nil {
+		return nil, fmt.Errorf("netpol: %w", err)
+	}
+	nopts := netpol.Options{PinDir: cfg.Netpol.PinDir, LockPath: cfg.Netpol.LockPath}
+	if len(cfg.Netpol.ClusterCIDRs) > 0 || len(cfg.Netpol.SharedServices) > 0 {
+		cc, err := cfg.Netpol.cluster()
+		if err != nil {
+			return nil, err
+		}
+		nopts.Cluster = cc
+	}
+	fence, err := netpol.Open(ctx, nopts)
+	if err != nil {
+		return nil, fmt.Errorf("netpol: %w", err)
+	}
+	return fence, nil
 }
 
 // startTrace times the stages of one sandbox's start in its shim (opening
