@@ -48,11 +48,11 @@ deps: ## Install the Debian packages a local node needs (CNI plugins, busybox-st
 	bash test/scripts/deps.sh
 
 .PHONY: tools-node
-tools-node: ## Install only what a local node needs (containerd, ctr, runsc, crictl, opa, runc) into TOOLS_DIR (cached; ~20 min cold): make demo and make bench-start use it.
+tools-node: ## Install only what a local node needs (containerd, ctr, runsc, crictl, opa, runc, and the upstream shims containerd-shim-runc-v2 and containerd-shim-runsc-v1 that bench-start compares with) into TOOLS_DIR (cached; ~20 min cold): make demo and make bench-start use it.
 	GO=$(GO) bash test/scripts/tools.sh node
 
 .PHONY: tools
-tools: ## Install pinned containerd, ctr, runsc, crictl, opa, runc and Kubernetes (apiserver, kubelet, ...) into TOOLS_DIR (cached; ~35 min cold on two idle cores).
+tools: ## Install the node tools of tools-node and Kubernetes (apiserver, kubelet, ...) into TOOLS_DIR (cached; ~35 min cold on two idle cores).
 	GO=$(GO) bash test/scripts/tools.sh
 
 .PHONY: test
@@ -116,7 +116,7 @@ bench-webhook: ## Benchmark the admission webhook with concurrent TLS clients.
 	$(GO) test -run '^$$' -bench . -benchmem ./policy/admission/...
 
 .PHONY: bench-start
-bench-start: build build-failpoints tools-node ## 20 pod starts through CRI: p50/p95 with the pipeline on vs off (root).
+bench-start: build build-failpoints tools-node ## 20 pod starts through CRI each, p50/p95: Bulkhead gVisor (pipeline on, off), Bulkhead runc, upstream runc-v2 and runsc-v1 shims (root).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkPodStart -benchtime 1x ./test/e2e/...
 
 # govulncheck, pinned, and the Go vulnerability database built from the
