@@ -65,6 +65,8 @@ test: build build-failpoints tools ## Run every test: unit, Rego (with coverage 
 	$(GO) test -race -count=1 -run 'TestPlanConcurrent|TestEvalHonoursCancellation|TestRuleCacheFollowsInput|TestServerAdmissionReviews|TestReviewsWaitForACPU' ./policy/...
 	@echo "fuzz: the compiled plan against OPA's interpreter on drawn inputs and data, 30 s (corpus: policy/testdata/fuzz)"
 	$(GO) test -run '^$$' -fuzz '^FuzzEvaluatorsAgree$$' -fuzztime 30s ./policy
+	@echo "fuzz: the plan cache's binary form of a program, damaged: an error or a program that reads back as itself, never a panic, 20 s"
+	$(GO) test -run '^$$' -fuzz '^FuzzLoadBinary$$' -fuzztime 20s ./policy/irvm
 
 .PHONY: test-cluster
 test-cluster: build tools ## Install Bulkhead from deploy/ on a private one-node Kubernetes cluster and run the user's cases through kubectl (root; etcd from make deps).
