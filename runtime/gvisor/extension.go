@@ -52,7 +52,7 @@ func RegisterPodExtension() {
 				return nil, err
 			}
 		}
-		runtime.WarnOOMScore(ctx)
+		warnOOMScore(ctx)
 		return newPodExtension(cfg, next, opening)
 	}
 }

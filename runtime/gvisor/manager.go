@@ -119,7 +119,7 @@ func (manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ shi
 	if err := shim.WritePidFile("shim.pid", cmd.Process.Pid); err != nil {
 		return shim.BootstrapParams{}, err
 	}
-	if err := runtime.SetShimOOMScore(cmd.Process.Pid); err != nil {
+	if err := setShimOOMScore(cmd.Process.Pid); err != nil {
 		return shim.BootstrapParams{}, err
 	}
 	return params, nil
