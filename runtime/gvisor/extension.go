@@ -23,8 +23,11 @@ import (
 // configuration and begins opening the pipeline (runtime.OpenEarly), so
 // that the sandbox's create, a few milliseconds later, finds it opening.
 func RegisterPodExtension() {
+	// What the plugin loaded when the shim began to serve, taken once by
+	// the pod's extension; loaded is false when the file did not load.
 	var early struct {
 		once    sync.Once
+		loaded  bool
 		cfg     runtime.Config
 		opening *runtime.Opening
 	}
@@ -35,19 +38,20 @@ func RegisterPodExtension() {
 			// A configuration that does not load is reported by the
 			// sandbox's create, which loads it again.
 			if cfg, err := runtime.LoadConfig(runtime.ConfigPath()); err == nil {
-				early.cfg, early.opening = cfg, runtime.OpenEarly(cfg, policy.RuntimeGVisor)
+				early.loaded, early.cfg, early.opening = true, cfg, runtime.OpenEarly(cfg, policy.RuntimeGVisor)
 			}
 			return &early, nil
 		},
 	})
 	extension.NewPodExtension = func(ctx context.Context, next extension.TaskServiceExt, req *task.CreateTaskRequest) (extension.TaskServiceExt, error) {
 		var (
+			loaded  bool
 			cfg     runtime.Config
 			opening *runtime.Opening
-			err     error
 		)
-		early.once.Do(func() { cfg, opening = early.cfg, early.opening })
-		if opening == nil {
+		early.once.Do(func() { loaded, cfg, opening = early.loaded, early.cfg, early.opening })
+		if !loaded {
+			var err error
 			if cfg, err = runtime.LoadConfig(runtime.ConfigPath()); err != nil {
 				return nil, err
 			}
@@ -100,32 +104,29 @@ func checkOptionsFile(sb *runtime.Sandbox) error {
 // Create places the pod (its sandbox) or judges the container, points gVisor
 // at the options file in the sandbox's bundle, and lets gVisor create it.
 func (p *PodExtension) Create(ctx context.Context, r *task.CreateTaskRequest) (*task.CreateTaskResponse, error) {
+	return createWithOptions(ctx, p.pod, r, func() (*task.CreateTaskResponse, error) {
+		return p.TaskServiceExt.Create(ctx, r)
+	})
+}
+
+// CreateWithFSRestore is Create for a container restored from a snapshot.
+func (p *PodExtension) CreateWithFSRestore(ctx context.Context, r *extension.CreateWithFSRestoreRequest) (*task.CreateTaskResponse, error) {
+	return createWithOptions(ctx, p.pod, r.Create, func() (*task.CreateTaskResponse, error) {
+		return p.TaskServiceExt.CreateWithFSRestore(ctx, r)
+	})
+}
+
+// createWithOptions has pod create the container r describes: create, with
+// r's options pointing at the sandbox's options file, is gVisor's own.
+func createWithOptions(ctx context.Context, pod *runtime.Pod, r *task.CreateTaskRequest, create func() (*task.CreateTaskResponse, error)) (*task.CreateTaskResponse, error) {
 	var resp *task.CreateTaskResponse
-	err := p.pod.Create(ctx, r.ID, r.Bundle, func(sandboxBundle string) error {
+	err := pod.Create(ctx, r.ID, r.Bundle, func(sandboxBundle string) error {
 		opts, err := containerOptions(optionsPath(sandboxBundle))
 		if err != nil {
 			return err
 		}
 		r.Options = opts
-		resp, err = p.TaskServiceExt.Create(ctx, r)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
-}
-
-// CreateWithFSRestore is Create for a container restored from a snapshot.
-func (p *PodExtension) CreateWithFSRestore(ctx context.Context, r *extension.CreateWithFSRestoreRequest) (*task.CreateTaskResponse, error) {
-	var resp *task.CreateTaskResponse
-	err := p.pod.Create(ctx, r.Create.ID, r.Create.Bundle, func(sandboxBundle string) error {
-		opts, err := containerOptions(optionsPath(sandboxBundle))
-		if err != nil {
-			return err
-		}
-		r.Create.Options = opts
-		resp, err = p.TaskServiceExt.CreateWithFSRestore(ctx, r)
+		resp, err = create()
 		return err
 	})
 	if err != nil {
