@@ -32,7 +32,8 @@ const (
 	ReasonTenant
 	// ReasonRDMA: RoCEv2 (UDP 4791) without an RDMA grant on both ends of one tenant.
 	ReasonRDMA
-	// ReasonMetadata: a cloud metadata address, for a tier that denies it.
+	// ReasonMetadata: a cloud credential endpoint (Endpoint.MetadataCIDRs),
+	// for a tier that denies them.
 	ReasonMetadata
 	// ReasonEgress: a peer outside the cluster that is not on the pod's egress allow-list.
 	ReasonEgress
@@ -107,6 +108,13 @@ const (
 	mapDrops     = "drops"
 	mapTenantIDs = "tenant_ids"
 	mapTierIDs   = "tier_ids"
+	// mapOwnerMAC says which tenant's pod a MAC address is: the sender of
+	// an ARP message delivered to a pod is judged by it.
+	mapOwnerMAC = "owner_mac"
+	// mapMetadataV4/V6 hold, scoped by ifindex, the credential endpoints a
+	// pod that denies metadata may not exchange packets with.
+	mapMetadataV4 = "metadata_v4"
+	mapMetadataV6 = "metadata_v6"
 )
 
 // Sizes of the node-wide maps.
@@ -219,6 +227,10 @@ func mapSpecs(pin bool) map[string]*ebpf.MapSpec {
 			Flags: flagNoPrealloc, Pinning: pinning},
 		{Name: mapTenantIDs, Type: ebpf.Hash, KeySize: nameLen, ValueSize: 4, MaxEntries: maxNames, Pinning: pinning},
 		{Name: mapTierIDs, Type: ebpf.Hash, KeySize: nameLen, ValueSize: 4, MaxEntries: 256, Pinning: pinning},
+		{Name: mapOwnerMAC, Type: ebpf.Hash, KeySize: 8, ValueSize: 12, MaxEntries: maxEndpoints,
+			Flags: flagNoPrealloc, Pinning: pinning},
+		lpm(mapMetadataV4, 12, 1),
+		lpm(mapMetadataV6, 24, 1),
 	}
 	out := make(map[string]*ebpf.MapSpec, len(specs))
 	for _, s := range specs {
@@ -273,11 +285,9 @@ func be32(v uint32) int32 {
 	return int32(binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, v)))
 }
 
-// word returns the native integer of 4 bytes of b at off.
-func word(b []byte, off int) int32 { return int32(binary.NativeEndian.Uint32(b[off:])) }
-
 // __sk_buff offsets (include/uapi/linux/bpf.h).
 const (
+	skbLen         = 0
 	skbVlanPresent = 20
 	skbIfindex     = 40
 	skbData        = 76
@@ -296,10 +306,16 @@ const (
 
 // Well-known values.
 const (
-	ethHdrLen     = 14
-	ethTypeIPv4   = 0x0800
-	ethTypeIPv6   = 0x86dd
-	ethTypeARP    = 0x0806
+	ethHdrLen   = 14
+	ethTypeIPv4 = 0x0800
+	ethTypeIPv6 = 0x86dd
+	ethTypeARP  = 0x0806
+	// arpLen is an ARP message for IPv4 over Ethernet (RFC 826): the only
+	// kind a pod sends or receives.
+	arpLen = 28
+	// ethFrameMin is the shortest Ethernet frame without its FCS: a NIC
+	// pads shorter ones (an ARP message among them) to it with zeros.
+	ethFrameMin   = 60
 	protoUDP      = 17
 	protoICMPv6   = 58
 	roceV2Port    = 4791
@@ -309,11 +325,6 @@ const (
 	// maxNDOptions bounds the options of one neighbour discovery message
 	// the pod sends (hosts send one or two: a link-layer address, a nonce).
 	maxNDOptions = 6
-)
-
-var (
-	metadataV4 = [4]byte{169, 254, 169, 254}
-	metadataV6 = [16]byte{0xfd, 0x00, 0x0e, 0xc2, 14: 0x02, 15: 0x54}
 )
 
 // fenceProgram assembles the program for one direction. Registers:
@@ -532,27 +543,76 @@ func (p *prog) fromRouter() {
 	p.emit(asm.Ja.Label("pass"))
 }
 
+// arp judges an ARP message. Its fields are fixed: 28 bytes, no room for
+// anything but addresses. Both directions: IPv4 over Ethernet, a request or
+// a reply, and a frame of 42 bytes or padded to at most 60 with zeros (the
+// kernel and gVisor send 42; a NIC pads to 60), or drop (malformed), so
+// that no ARP frame carries data past its addresses. From the pod: its own
+// MAC as sender hardware address and its own IPv4 address (or 0.0.0.0, a
+// probe) as sender address, or drop (spoof). To the pod: the target is the
+// pod's own IPv4 address, or drop (dst); a sender hardware address that
+// another tenant's pod owns, or a sender address that another tenant owns,
+// drop (tenant). A sender no tenant owns is the node (its bridge or host
+// veth) and passes.
 func (p *prog) arp(dir Direction) {
+	malformed := p.dropLabel(ReasonMalformed)
 	p.at("arp")
-	p.need(asm.R2, ethHdrLen+28)
+	p.need(asm.R2, ethHdrLen+arpLen)
 	// Ethernet and IPv4 addresses of the usual sizes, or the addresses read
-	// below are not where the receiver reads them.
+	// below are not where the receiver reads them; request or reply.
 	p.emit(
 		asm.LoadMem(asm.R1, asm.R2, ethHdrLen, asm.Word),
-		asm.JNE.Imm32(asm.R1, be32(0x0001_0800), p.dropLabel(ReasonMalformed)),
-		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+4, asm.Half),
-		asm.JNE.Imm32(asm.R1, be16(0x0604), p.dropLabel(ReasonMalformed)),
-		asm.LoadMem(asm.R8, asm.R2, ethHdrLen+14, asm.Word), // sender IPv4
+		asm.JNE.Imm32(asm.R1, be32(0x0001_0800), malformed),
+		asm.LoadMem(asm.R1, asm.R2, ethHdrLen+4, asm.Word),
+		asm.JEq.Imm32(asm.R1, be32(0x0604_0001), "arp_op_ok"),
+		asm.JNE.Imm32(asm.R1, be32(0x0604_0002), malformed),
 	)
+	p.at("arp_op_ok")
+	// The frame's length (skb->len, all of it, not only the linear part):
+	// at most the minimum frame, and every byte past the message zero.
+	p.emit(
+		asm.LoadMem(asm.R4, asm.R6, skbLen, asm.Word),
+		asm.JGT.Imm(asm.R4, ethFrameMin, malformed),
+	)
+	for off := int32(ethHdrLen + arpLen); off < ethFrameMin; off++ {
+		p.emit(asm.JLE.Imm(asm.R4, off, "arp_padded"))
+		p.need(asm.R2, off+1)
+		p.emit(
+			asm.LoadMem(asm.R1, asm.R2, int16(off), asm.Byte),
+			asm.JNE.Imm(asm.R1, 0, malformed),
+		)
+	}
+	p.at("arp_padded")
+	p.emit(asm.LoadMem(asm.R8, asm.R2, ethHdrLen+14, asm.Word)) // sender IPv4
 	if dir == ToPod {
-		// Only ARP for the pod's own address reaches it, and not from
-		// another tenant's pod (their sender address is their own: checked
-		// on their side).
+		// Only ARP for the pod's own address reaches it.
 		p.flagClear(flagHasIPv4, p.dropLabel(ReasonDst))
 		p.emit(
 			asm.LoadMem(asm.R1, asm.R2, ethHdrLen+24, asm.Word),
 			asm.LoadMem(asm.R5, asm.R7, epIPv4, asm.Word),
 			asm.JNE.Reg32(asm.R1, asm.R5, p.dropLabel(ReasonDst)),
+			// The sender hardware address, which the pod's neighbour
+			// table will learn: a pod's MAC is its own (checked on its
+			// side), so owner_mac says whose it is. This holds for probes
+			// (sender 0.0.0.0) too, which name no sender address.
+			asm.LoadMem(asm.R1, asm.R2, ethHdrLen+8, asm.Word),
+			asm.StoreMem(asm.RFP, stKeyV4, asm.R1, asm.Word),
+			asm.LoadMem(asm.R1, asm.R2, ethHdrLen+12, asm.Half),
+			asm.StoreMem(asm.RFP, stKeyV4+4, asm.R1, asm.Half),
+			asm.StoreImm(asm.RFP, stKeyV4+6, 0, asm.Half),
+		)
+		p.lookup(mapOwnerMAC, stKeyV4)
+		p.emit(
+			asm.JEq.Imm(asm.R0, 0, "arp_sender_mac_ok"),
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+			asm.LoadMem(asm.R5, asm.R7, epTenant, asm.Word),
+			asm.JNE.Reg32(asm.R1, asm.R5, p.dropLabel(ReasonTenant)),
+		)
+		// The sender address, when there is one: another tenant's
+		// pod's (their sender address is their own: checked on their
+		// side) drops.
+		p.at("arp_sender_mac_ok")
+		p.emit(
 			asm.JEq.Imm32(asm.R8, 0, "pass"),
 			asm.Mov.Imm(asm.R9, 0),
 			asm.StoreImm(asm.RFP, stKeyV4, 32, asm.Word),
@@ -565,8 +625,9 @@ func (p *prog) arp(dir Direction) {
 		)
 		return
 	}
-	// From the pod: its own MAC as sender hardware address, and its own
-	// IPv4 address (or none, for a probe) as sender protocol address.
+	// From the pod: its own MAC as sender hardware address (the Ethernet
+	// source is already checked), and its own IPv4 address (or none, for
+	// a probe) as sender protocol address.
 	p.macDiffers(asm.R2, ethHdrLen+8, p.dropLabel(ReasonSpoof))
 	p.emit(asm.JEq.Imm32(asm.R8, 0, "pass"))
 	p.flagClear(flagHasIPv4, p.dropLabel(ReasonSpoof))
@@ -633,9 +694,18 @@ func (p *prog) ipv4(dir Direction) {
 		asm.Mov.Imm(asm.R9, 1),
 	)
 
+	// A credential endpoint, for a pod that denies them: the pod's own
+	// list (metadata_v4, scoped by ifindex), filled at registration.
 	p.at("v4_classify")
 	p.flagClear(flagDenyMetadata, "v4_tenant")
-	p.emit(asm.JEq.Imm32(asm.R8, word(metadataV4[:], 0), p.dropLabel(ReasonMetadata)))
+	p.emit(
+		asm.StoreImm(asm.RFP, stKeyV4, 64, asm.Word),
+		asm.LoadMem(asm.R1, asm.RFP, stIfindex, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R1, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV4+8, asm.R8, asm.Word),
+	)
+	p.lookup(mapMetadataV4, stKeyV4)
+	p.emit(asm.JNE.Imm(asm.R0, 0, p.dropLabel(ReasonMetadata)))
 
 	p.at("v4_tenant")
 	p.emit(
@@ -793,13 +863,14 @@ func (p *prog) ipv6(dir Direction) {
 		p.copyWords(asm.RFP, stPeerV6, asm.R2, ethHdrLen+8, 4)
 	}
 	p.flagClear(flagDenyMetadata, "v6_linklocal")
-	for i := range 4 {
-		p.emit(
-			asm.LoadMem(asm.R1, asm.RFP, stPeerV6+int16(4*i), asm.Word),
-			asm.JNE.Imm32(asm.R1, word(metadataV6[:], 4*i), "v6_linklocal"),
-		)
-	}
-	p.emit(asm.Ja.Label(p.dropLabel(ReasonMetadata)))
+	p.emit(
+		asm.StoreImm(asm.RFP, stKeyV6, 32+128, asm.Word),
+		asm.LoadMem(asm.R1, asm.RFP, stIfindex, asm.Word),
+		asm.StoreMem(asm.RFP, stKeyV6+4, asm.R1, asm.Word),
+	)
+	p.copyWords(asm.RFP, stKeyV6+8, asm.RFP, stPeerV6, 4)
+	p.lookup(mapMetadataV6, stKeyV6)
+	p.emit(asm.JNE.Imm(asm.R0, 0, p.dropLabel(ReasonMetadata)))
 
 	// Link-local traffic other than ND stays on the bridge, where it would
 	// reach other tenants' pods: no tenant owns it.

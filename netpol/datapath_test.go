@@ -101,7 +101,7 @@ func podEndpoint(mod func(*Endpoint)) Endpoint {
 }
 
 func rdma(e *Endpoint)   { e.AllowRDMA = true }
-func noMeta(e *Endpoint) { e.DenyMetadata = true }
+func noMeta(e *Endpoint) { e.DenyMetadata, e.MetadataCIDRs = true, testMetadataCIDRs() }
 func onlyV6(e *Endpoint) { e.IPv4 = netip.Addr{} }
 func onlyV4(e *Endpoint) { e.IPv6 = netip.Addr{} }
 func restrict(e *Endpoint) {
@@ -283,47 +283,53 @@ func TestVerdicts(t *testing.T) {
 	d := loadFixture(t)
 	tenants := map[string]uint32{"a": tenantA}
 	for _, tc := range verdictCases() {
-		t.Run(tc.name, func(t *testing.T) {
-			e := podEndpoint(tc.ep)
-			if err := e.validate(); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.install(newRecord(&e, loIfindex, "lo", tenants[e.Tenant], tierStd)); err != nil {
-				t.Fatal(err)
-			}
-			before, err := d.dropCounts(tenantA)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ret, err := d.program(tc.dir).Run(&ebpf.RunOptions{Data: tc.frame})
-			if tc.short && errors.Is(err, unix.EINVAL) {
-				t.Skipf("the kernel's BPF_PROG_TEST_RUN refuses a %d-byte frame; TestFenceVeth/spoofed_and_truncated_frames covers it", len(tc.frame))
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			after, err := d.dropCounts(tenantA)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := uint32(verdictNext & 0xffffffff)
-			if tc.drop {
-				want = verdictDrop
-			}
-			if ret != want {
-				t.Fatalf("%s: verdict %d, want %d (counters %v)", tc.dir, int32(ret), int32(want), diff(before, after))
-			}
-			for _, r := range Reasons() {
-				got := after[r] - before[r]
-				var wantN uint64
-				if tc.drop && r == tc.reason {
-					wantN = 1
-				}
-				if got != wantN {
-					t.Errorf("counter %s grew by %d, want %d", r, got, wantN)
-				}
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkVerdict(t, d, tenants, tc) })
+	}
+}
+
+// checkVerdict installs the case's endpoint on the fixture d, runs its
+// frame through BPF_PROG_TEST_RUN and checks the verdict and that exactly
+// the right counter grew.
+func checkVerdict(t *testing.T, d *datapath, tenants map[string]uint32, tc verdictCase) {
+	t.Helper()
+	e := podEndpoint(tc.ep)
+	if err := e.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.install(newRecord(&e, loIfindex, "lo", tenants[e.Tenant], tierStd)); err != nil {
+		t.Fatal(err)
+	}
+	before, err := d.dropCounts(tenantA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ret, err := d.program(tc.dir).Run(&ebpf.RunOptions{Data: tc.frame})
+	if tc.short && errors.Is(err, unix.EINVAL) {
+		t.Skipf("the kernel's BPF_PROG_TEST_RUN refuses a %d-byte frame; TestFenceVeth/spoofed_and_truncated_frames covers it", len(tc.frame))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := d.dropCounts(tenantA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := uint32(verdictNext & 0xffffffff)
+	if tc.drop {
+		want = verdictDrop
+	}
+	if ret != want {
+		t.Fatalf("%s: verdict %d, want %d (counters %v)", tc.dir, int32(ret), int32(want), diff(before, after))
+	}
+	for _, r := range Reasons() {
+		got := after[r] - before[r]
+		var wantN uint64
+		if tc.drop && r == tc.reason {
+			wantN = 1
+		}
+		if got != wantN {
+			t.Errorf("counter %s grew by %d, want %d", r, got, wantN)
+		}
 	}
 }
 

@@ -25,15 +25,21 @@
 //
 //  1. Interface not in the endpoints map: next program, untouched.
 //  2. VLAN-tagged, or neither IPv4, IPv6 nor ARP: drop (ethertype).
-//  3. Truncated or malformed header (ARP of other than Ethernet/IPv4
-//     address sizes included): drop (malformed).
+//  3. Truncated or malformed header: drop (malformed). ARP is IPv4 over
+//     Ethernet, a request or a reply, in a frame of 42 bytes or padded with
+//     zeros to at most 60 (the kernel and gVisor send 42; a NIC pads to
+//     60), or drop (malformed): its 28 bytes hold addresses only, so no ARP
+//     frame carries data.
 //  4. From the pod, an Ethernet source other than the pod's MAC: drop
 //     (spoof). A frame from another pod's MAC would teach the bridge to
 //     deliver that pod's traffic here.
 //  5. ARP. From the pod: the sender MAC is the pod's, the sender address
 //     its own IPv4 or 0.0.0.0 (a probe), or drop (spoof). To the pod: the
-//     target is the pod's own IPv4, or drop (dst); a sender that another
-//     tenant's pod owns: drop (tenant). Otherwise pass.
+//     target is the pod's own IPv4, or drop (dst); a sender MAC that
+//     another tenant's pod has (owner_mac), probes included, or a sender
+//     address that another tenant owns: drop (tenant). A sender MAC and
+//     address no tenant owns are the node's (its bridge or host veth), or
+//     a pod the fence does not manage: pass.
 //  6. To the pod, a destination other than the pod's own address (IPv4,
 //     IPv6 or IPv6 link-local), IPv4 broadcast or multicast: drop (dst).
 //  7. Neighbour discovery (ICMPv6 133-137), hop limit not 255: drop (nd).
@@ -55,8 +61,9 @@
 //     its link-local address (spoof), to a group (nd); to the pod, only
 //     queries from the node's router link-local address (nd).
 //  8. From the pod, a source that is not its own address: drop (spoof).
-//  9. Peer 169.254.169.254 or fd00:ec2::254 when the tier denies metadata:
-//     drop (metadata).
+//  9. Peer in the pod's credential endpoints (Endpoint.MetadataCIDRs, the
+//     decision's network.metadata_cidrs: instance metadata, task and pod
+//     identity agents) when the tier denies metadata: drop (metadata).
 //  10. IPv6 link-local peer (other than ND): drop (cluster).
 //  11. Peer owned by a tenant (a pod on this node or a configured remote
 //     range): another tenant, drop (tenant); the same tenant passes, except
@@ -113,8 +120,9 @@
 // remote range -> owning tenant; looked up after the owner hash, which
 // answers as a trie holding both would, since a host prefix is always the
 // longest match, for the price of a hash lookup instead of a walk down a
-// trie of every pod), service_v4/v6 (LPM keyed by tier),
-// egress_v4/v6 (LPM keyed by ifindex), cluster_v4/v6 (LPM), drops (per-CPU
+// trie of every pod), owner_mac (hash: a pod's MAC -> owning tenant),
+// service_v4/v6 (LPM keyed by tier), egress_v4/v6 and metadata_v4/v6
+// (LPM keyed by ifindex), cluster_v4/v6 (LPM), drops (per-CPU
 // counters keyed by tenant and reason), tenant_ids and tier_ids (stable
 // name -> id for the node). TCX links are pinned under PinDir/links, so the
 // fence outlives the shim that registered it. Updates from several shims

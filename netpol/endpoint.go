@@ -46,9 +46,14 @@ type Endpoint struct {
 	// AllowRDMA grants RoCEv2 (UDP 4791) with pods of the same tenant that
 	// have the grant too.
 	AllowRDMA bool
-	// DenyMetadata drops traffic to the cloud metadata addresses
-	// 169.254.169.254 and fd00:ec2::254.
+	// DenyMetadata drops traffic to and from MetadataCIDRs, the cloud
+	// credential endpoints.
 	DenyMetadata bool
+	// MetadataCIDRs are the credential endpoints (instance metadata, task
+	// and pod identity agents) a pod that denies metadata may not exchange
+	// packets with: the decision's network.metadata_cidrs. Required, and
+	// only allowed, when DenyMetadata is set; the policy owns the list.
+	MetadataCIDRs []netip.Prefix
 	// EgressCIDRs, when not nil, is the only set of addresses outside the
 	// cluster the pod may exchange packets with. Nil leaves traffic leaving the
 	// cluster unrestricted; an empty non-nil slice denies all of it.
@@ -131,14 +136,26 @@ func (e *Endpoint) validate() error {
 			return fmt.Errorf("endpoint %s: EgressCIDRs[%d] is not a valid prefix", e.SandboxID, i)
 		}
 	}
+	switch {
+	case e.DenyMetadata && len(e.MetadataCIDRs) == 0:
+		return fmt.Errorf("endpoint %s: DenyMetadata needs MetadataCIDRs, the credential endpoints to block", e.SandboxID)
+	case !e.DenyMetadata && len(e.MetadataCIDRs) != 0:
+		return fmt.Errorf("endpoint %s: MetadataCIDRs are blocked only with DenyMetadata; set it or drop them", e.SandboxID)
+	}
+	for i, p := range e.MetadataCIDRs {
+		if !p.IsValid() {
+			return fmt.Errorf("endpoint %s: MetadataCIDRs[%d] is not a valid prefix", e.SandboxID, i)
+		}
+	}
 	return nil
 }
 
 // record is what install writes for one endpoint.
 type record struct {
-	ifindex uint32
-	value   endpointValue
-	egress  []netip.Prefix
+	ifindex  uint32
+	value    endpointValue
+	egress   []netip.Prefix
+	metadata []netip.Prefix
 }
 
 func newRecord(e *Endpoint, ifindex int, ifname string, tenant, tier uint32) record {
@@ -172,7 +189,7 @@ func newRecord(e *Endpoint, ifindex int, ifname string, tenant, tier uint32) rec
 	}
 	copy(v.Ifname[:], ifname)
 	copy(v.Sandbox[:], e.SandboxID)
-	return record{ifindex: uint32(ifindex), value: v, egress: e.EgressCIDRs}
+	return record{ifindex: uint32(ifindex), value: v, egress: e.EgressCIDRs, metadata: e.MetadataCIDRs}
 }
 
 // addrs returns the endpoint's addresses as host prefixes: the ones the
@@ -212,11 +229,19 @@ func (v *endpointValue) ifname() string {
 // the programs treat the interface as unmanaged, and from then on every map
 // it depends on is complete.
 func (d *datapath) install(r record) error {
+	// The MAC first: it is the one step that refuses an endpoint (a MAC
+	// another live pod has) rather than fail on a kernel error.
+	o := owner{Tenant: r.value.Tenant, Flags: r.value.Flags & flagRDMA, Ifindex: r.ifindex}
+	if err := d.putMACOwner(r.value.MAC, o, d.isEndpoint); err != nil {
+		return err
+	}
 	if err := scopedReplace(d.egressV4, d.egressV6, r.ifindex, r.egress); err != nil {
 		return fmt.Errorf("egress allow-list: %w", err)
 	}
+	if err := scopedReplace(d.metadataV4, d.metadataV6, r.ifindex, r.metadata); err != nil {
+		return fmt.Errorf("credential endpoints: %w", err)
+	}
 	for _, p := range r.value.addrs() {
-		o := owner{Tenant: r.value.Tenant, Flags: r.value.Flags & flagRDMA, Ifindex: r.ifindex}
 		if err := d.putOwner(p, o); err != nil {
 			return fmt.Errorf("address %s: %w", p.Addr(), err)
 		}
@@ -245,10 +270,22 @@ func (d *datapath) remove(ifindex uint32, v endpointValue) error {
 			}
 		}
 	}
+	if err := d.deleteMACOwner(v.MAC, ifindex); err != nil {
+		return fmt.Errorf("MAC %s: %w", HardwareAddr(v.MAC[:]), err)
+	}
 	if err := scopedReplace(d.egressV4, d.egressV6, ifindex, nil); err != nil {
 		return fmt.Errorf("egress allow-list: %w", err)
 	}
+	if err := scopedReplace(d.metadataV4, d.metadataV6, ifindex, nil); err != nil {
+		return fmt.Errorf("credential endpoints: %w", err)
+	}
 	return nil
+}
+
+// isEndpoint reports whether ifindex holds an endpoint entry.
+func (d *datapath) isEndpoint(ifindex uint32) bool {
+	_, ok, err := d.endpoint(ifindex)
+	return ok || err != nil
 }
 
 // endpoint reads one endpoint entry.

@@ -42,7 +42,9 @@ func Example() {
 		Tier:         "untrusted",
 		IPv4:         netip.MustParseAddr("10.88.0.7"),
 		DenyMetadata: true,
-		EgressCIDRs:  []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")},
+		// The decision's network.metadata_cidrs.
+		MetadataCIDRs: []netip.Prefix{netip.MustParsePrefix("169.254.169.254/32"), netip.MustParsePrefix("fd00:ec2::254/128")},
+		EgressCIDRs:   []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")},
 	})
 	if err != nil {
 		log.Fatal(err) // fail closed: the pod must not start

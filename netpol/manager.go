@@ -376,6 +376,11 @@ func (d *datapath) dropStaleAddrs(ifindex uint32, old, cur endpointValue) error 
 	for _, p := range cur.addrs() {
 		keep[p] = true
 	}
+	if old.MAC != cur.MAC {
+		if err := d.deleteMACOwner(old.MAC, ifindex); err != nil {
+			return err
+		}
+	}
 	for _, p := range old.addrs() {
 		if keep[p] {
 			continue
@@ -513,26 +518,13 @@ func (m *Manager) sweepOrphans(live map[uint32]endpointValue) error {
 			}
 		}
 	}
-	for _, pair := range [][2]*ebpf.Map{{d.egressV4, d.egressV6}} {
-		scopes := map[uint32]bool{}
-		var k4 scopedKeyV4
-		var k6 scopedKeyV6
-		var val uint8
-		it := pair[0].Iterate()
-		for it.Next(&k4, &val) {
-			scopes[k4.Scope] = true
+	for _, pair := range [][2]*ebpf.Map{{d.egressV4, d.egressV6}, {d.metadataV4, d.metadataV6}} {
+		if err := sweepScopes(pair[0], pair[1], live); err != nil {
+			return err
 		}
-		it = pair[1].Iterate()
-		for it.Next(&k6, &val) {
-			scopes[k6.Scope] = true
-		}
-		for s := range scopes {
-			if _, ok := live[s]; !ok {
-				if err := scopedReplace(pair[0], pair[1], s, nil); err != nil {
-					return err
-				}
-			}
-		}
+	}
+	if err := d.sweepMACOwners(live); err != nil {
+		return err
 	}
 	return m.sweepLinks(live)
 }
@@ -592,6 +584,11 @@ func (m *Manager) info(ifindex uint32, v endpointValue) (EndpointInfo, error) {
 	e.MAC = HardwareAddr(v.MAC[:])
 	e.AllowRDMA = v.Flags&flagRDMA != 0
 	e.DenyMetadata = v.Flags&flagDenyMetadata != 0
+	if e.DenyMetadata && d.metadataV4 != nil {
+		if e.MetadataCIDRs, err = scopedList(d.metadataV4, d.metadataV6, ifindex); err != nil {
+			return EndpointInfo{}, err
+		}
+	}
 	if v.Flags&flagEgressRestricted != 0 {
 		e.EgressCIDRs, err = scopedList(d.egressV4, d.egressV6, ifindex)
 		if err != nil {

@@ -25,6 +25,8 @@ type datapath struct {
 	egressV4, egressV6            *ebpf.Map
 	clusterV4, clusterV6          *ebpf.Map
 	drops, tenantIDs, tierIDs     *ebpf.Map
+	ownerMAC                      *ebpf.Map
+	metadataV4, metadataV6        *ebpf.Map
 
 	fromPod, toPod *ebpf.Program
 }
@@ -62,6 +64,10 @@ func loadDatapath(pinDir string) (*datapath, error) {
 		drops:     coll.Maps[mapDrops],
 		tenantIDs: coll.Maps[mapTenantIDs],
 		tierIDs:   coll.Maps[mapTierIDs],
+
+		ownerMAC:   coll.Maps[mapOwnerMAC],
+		metadataV4: coll.Maps[mapMetadataV4],
+		metadataV6: coll.Maps[mapMetadataV6],
 	}
 	for _, dir := range []Direction{FromPod, ToPod} {
 		prog, err := loadProgram(progs[programName(dir)], coll.Maps, pinDir)
@@ -261,6 +267,104 @@ func (d *datapath) deleteOwner(p netip.Prefix) error {
 		return ignoreNotExist(d.ownerV4.Delete(p.Addr().As4()))
 	}
 	return ignoreNotExist(d.ownerV6.Delete(p.Addr().As16()))
+}
+
+// macKey is the owner_mac key of an Ethernet address: its 6 bytes and two
+// zero bytes, as the programs build it on their stack.
+func macKey(mac [6]byte) [8]byte {
+	var k [8]byte
+	copy(k[:], mac[:])
+	return k
+}
+
+// putMACOwner records that the pod on o.Ifindex has mac. A MAC that a
+// live endpoint on another interface already has is refused: the programs
+// could not tell the two pods' ARP apart, and the bridge delivers to one
+// of them only. live reports whether an ifindex holds an endpoint. The
+// zero MAC (an endpoint that sends nothing) is not recorded.
+func (d *datapath) putMACOwner(mac [6]byte, o owner, live func(uint32) bool) error {
+	if mac == [6]byte{} {
+		return nil
+	}
+	var cur owner
+	err := d.ownerMAC.Lookup(macKey(mac), &cur)
+	switch {
+	case err == nil && cur.Ifindex != o.Ifindex && live(cur.Ifindex):
+		return fmt.Errorf("MAC %s is the MAC of the endpoint on ifindex %d", HardwareAddr(mac[:]), cur.Ifindex)
+	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
+		return err
+	}
+	return d.ownerMAC.Update(macKey(mac), o, ebpf.UpdateAny)
+}
+
+// deleteMACOwner removes mac's owner when it is the endpoint on ifindex.
+func (d *datapath) deleteMACOwner(mac [6]byte, ifindex uint32) error {
+	var cur owner
+	err := d.ownerMAC.Lookup(macKey(mac), &cur)
+	if errors.Is(err, ebpf.ErrKeyNotExist) || (err == nil && cur.Ifindex != ifindex) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return ignoreNotExist(d.ownerMAC.Delete(macKey(mac)))
+}
+
+// sweepMACOwners removes the owners of MACs whose endpoint is gone or now
+// has another MAC.
+func (d *datapath) sweepMACOwners(live map[uint32]endpointValue) error {
+	var (
+		k     [8]byte
+		o     owner
+		stale [][8]byte
+	)
+	it := d.ownerMAC.Iterate()
+	for it.Next(&k, &o) {
+		v, ok := live[o.Ifindex]
+		if !ok || macKey(v.MAC) != k {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := ignoreNotExist(d.ownerMAC.Delete(k)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sweepScopes clears the scopes of a scoped pair (by ifindex: egress
+// allow-lists, credential endpoints) that no live endpoint holds.
+func sweepScopes(v4, v6 *ebpf.Map, live map[uint32]endpointValue) error {
+	scopes := map[uint32]bool{}
+	var k4 scopedKeyV4
+	var k6 scopedKeyV6
+	var val uint8
+	it := v4.Iterate()
+	for it.Next(&k4, &val) {
+		scopes[k4.Scope] = true
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	it = v6.Iterate()
+	for it.Next(&k6, &val) {
+		scopes[k6.Scope] = true
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for s := range scopes {
+		if _, ok := live[s]; !ok {
+			if err := scopedReplace(v4, v6, s, nil); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // scoped maps pick the v4 or v6 trie of a scoped pair.
