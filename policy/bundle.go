@@ -101,6 +101,9 @@ func readBundleFrom(path string, raw []byte, vc *bundle.VerificationConfig, lim 
 		// Read already refuses this; keep the invariant local and explicit.
 		return nil, "", fmt.Errorf("bundle carries no signature")
 	}
+	if err := checkSignedData(b.Data); err != nil {
+		return nil, "", err
+	}
 	rev := b.Manifest.Revision
 	if rev == "" {
 		rev = contentRevision(&b)
@@ -195,8 +198,9 @@ func contentRevision(b *bundle.Bundle) string {
 }
 
 // mergeData merges the JSON object raw (the data file's content) into
-// b.Data. A value the bundle already sets may not be redefined; objects
-// merge key by key.
+// b.Data. The file may add tenants only, each within its signed tier
+// (checkUnsignedTenants): a tenant the bundle defines is refused whole, so
+// that no unsigned key sits under a signed tenant.
 func mergeData(b *bundle.Bundle, raw []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
@@ -206,6 +210,12 @@ func mergeData(b *bundle.Bundle, raw []byte) error {
 	}
 	if err := onlyTenants(extra); err != nil {
 		return err
+	}
+	bh, _ := extra["bulkhead"].(map[string]any) // onlyTenants checked its type
+	if tenants, ok := bh["tenants"]; ok {
+		if err := checkUnsignedTenants(b.Data, tenants); err != nil {
+			return err
+		}
 	}
 	if b.Data == nil {
 		b.Data = map[string]any{}

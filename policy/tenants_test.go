@@ -1,0 +1,250 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// signedAgents is a tenant the signed bundle of these tests defines.
+const signedAgents = `{"agents": {"tier": "untrusted", "namespaces": ["agents"], "egress_cidrs": ["10.96.0.0/12"]}}`
+
+// bundleWithTenants writes the default bundle (its modules without tests,
+// rego/data.json) with data.bulkhead.tenants set to tenants, a JSON object:
+// the tenants the security team signed. mod, when set, edits the data.
+func bundleWithTenants(t testing.TB, tenants string, mod func(data map[string]any)) string {
+	t.Helper()
+	files := map[string]string{}
+	paths, _ := filepath.Glob(repoPath(t, "rego/*.rego"))
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.rego") {
+			continue
+		}
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[filepath.Base(p)] = string(raw)
+	}
+	raw, err := os.ReadFile(repoPath(t, "rego/data.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data map[string]any
+	if err := json.Unmarshal(raw, &data); err != nil {
+		t.Fatal(err)
+	}
+	var ts any
+	if err := json.Unmarshal([]byte(tenants), &ts); err != nil {
+		t.Fatalf("tenants %s: %v", tenants, err)
+	}
+	data["bulkhead"].(map[string]any)["tenants"] = ts
+	if mod != nil {
+		mod(data)
+	}
+	raw, _ = json.Marshal(data)
+	files["data.json"] = string(raw)
+	return writeBundleDir(t, files)
+}
+
+// openWithDataFile opens bundle with a data file holding tenants as its
+// bulkhead.tenants.
+func openWithDataFile(t testing.TB, bundle, tenants string) (*Engine, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tenants.json")
+	if err := os.WriteFile(path, []byte(`{"bulkhead": {"tenants": `+tenants+`}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return Open(context.Background(), Options{BundlePath: bundle, DataPath: path, InsecureSkipVerification: true, Logger: quietLogger()})
+}
+
+// TestDataFileStaysWithinSignedTenantsAndTiers: the unsigned data file
+// adds tenants, never touches a signed one, and a tenant it adds gets no
+// egress its signed tier does not bound (issue 24, hole 4).
+func TestDataFileStaysWithinSignedTenantsAndTiers(t *testing.T) {
+	bundle := bundleWithTenants(t, signedAgents, nil)
+	bots := func(fields string) string {
+		return `{"bots": {"tier": "untrusted", "namespaces": ["bots"]` + fields + `}}`
+	}
+	for _, tc := range []struct {
+		name, tenants string
+		want          string // "" = accepted
+	}{
+		// A signed tenant is the signer's alone: not widened, not restated.
+		{"widens a signed tenant's egress", `{"agents": {"egress_cidrs": ["0.0.0.0/0", "::/0"]}}`,
+			`tenant "agents" is defined by the signed bundle; the unsigned data file may not add to it or restate it (it sets ["egress_cidrs"])`},
+		{"adds a quota to a signed tenant", `{"agents": {"quota": {"sandboxes": 1000}}}`, `tenant "agents" is defined by the signed bundle`},
+		{"adds a namespace key to a signed tenant", `{"agents": {"extra": ["kube-system"]}}`, `(it sets ["extra"])`},
+		{"restates a signed tenant", `{"agents": {"tier": "untrusted", "namespaces": ["agents"], "egress_cidrs": ["10.96.0.0/12"]}}`, `tenant "agents" is defined by the signed bundle`},
+		{"names a signed tenant with nothing", `{"agents": {}}`, `(it sets nothing)`},
+		{"claims a signed tenant's namespace", `{"bots": {"tier": "untrusted", "namespaces": ["bots", "agents"]}}`,
+			`tenant "bots": namespace "agents" belongs to tenant "agents" of the signed bundle`},
+
+		// A tenant the file adds stays inside its signed tier.
+		{"new tenant, egress inside the bound", bots(`, "egress_cidrs": ["10.96.0.0/12", "192.168.4.0/24", "fd00:1::/64"]`), ""},
+		{"new tenant, no egress", bots(``), ""},
+		{"new tenant, egress to the internet", bots(`, "egress_cidrs": ["0.0.0.0/0"]`),
+			`tenant "bots": egress_cidrs[0] 0.0.0.0/0 lies outside tier "untrusted" network.unsigned_egress_bound [10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 fc00::/7]`},
+		{"new tenant, egress to all of IPv6", bots(`, "egress_cidrs": ["10.0.0.0/8", "::/0"]`), `egress_cidrs[1] ::/0 lies outside`},
+		{"new tenant, egress wider than the bound", bots(`, "egress_cidrs": ["10.0.0.0/7"]`), `egress_cidrs[0] 10.0.0.0/7 lies outside`},
+		{"new tenant, egress to a metadata service", bots(`, "egress_cidrs": ["169.254.169.254/32"]`), `lies outside`},
+		{"new tenant, egress to CGNAT space", bots(`, "egress_cidrs": ["100.100.100.200/32"]`), `lies outside`},
+		{"new tenant, IPv4-mapped egress", bots(`, "egress_cidrs": ["::ffff:10.0.0.0/104"]`), `IPv4-mapped IPv6 prefix`},
+		{"new tenant, egress not a CIDR", bots(`, "egress_cidrs": ["10.0.0.0"]`), `egress_cidrs[0]: "10.0.0.0" is not a CIDR`},
+		{"new tenant, egress not a string", bots(`, "egress_cidrs": [167772160]`), `egress_cidrs[0]: want a CIDR string, got 167772160`},
+		{"new tenant, egress not a list", bots(`, "egress_cidrs": "0.0.0.0/0"`), `egress_cidrs: want an array of CIDRs, got a string`},
+		{"tier without a bound lists nothing", `{"lab": {"tier": "standard", "namespaces": ["lab"], "egress_cidrs": ["10.1.0.0/16"]}}`,
+			`tenant "lab": egress_cidrs[0] 10.1.0.0/16 lies outside tier "standard" network.unsigned_egress_bound []`},
+		{"unknown tier", `{"bots": {"tier": "gold", "namespaces": ["bots"]}}`, `tenant "bots": tier "gold" is not a tier of the signed bundle`},
+		{"field that is no tenant field", bots(`, "allow_privileged": true`), `tenant "bots": key "allow_privileged" is not a tenant field (tier, namespaces, egress_cidrs, quota)`},
+		{"no namespaces", `{"bots": {"tier": "untrusted"}}`, `tenant "bots": namespaces is required`},
+		{"no tier", `{"bots": {"namespaces": ["bots"]}}`, `tenant "bots": tier is required`},
+		{"namespaces not a list", `{"bots": {"tier": "untrusted", "namespaces": "bots"}}`, `namespaces: want an array of namespace names, got a string`},
+		{"tenant not an object", `{"bots": "untrusted"}`, `tenant "bots": want an object, got a string`},
+		{"tenants not an object", `["bots"]`, `key "bulkhead.tenants": want an object of tenants, got an array`},
+		{"quota count as a string", bots(`, "quota": {"sandboxes": "3"}`), `tenant "bots": quota.sandboxes: want a non-negative integer, got "3"`},
+		{"negative quota", bots(`, "quota": {"gpu_slices": -1}`), `quota.gpu_slices: want a non-negative integer, got -1`},
+		{"fractional quota", bots(`, "quota": {"gpu_slices": 1.5}`), `quota.gpu_slices: want a non-negative integer`},
+		{"memory as a number", bots(`, "quota": {"memory": 64}`), `quota.memory: want a quantity such as "64Gi", got 64`},
+		{"unknown quota field", bots(`, "quota": {"gpus": 8}`), `key "quota.gpus" is not a quota field`},
+		{"quota inside bounds", bots(`, "quota": {"sandboxes": 3, "gpu_slices": 6, "memory": "64Gi"}`), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := openWithDataFile(t, bundle, tc.tenants)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Open: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Open = %v\nwant an error containing %s", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestDataFileTenantGetsOnlyItsListedEgress: a tenant the data file adds
+// within the bound is decided with exactly its list, and the signed tenant
+// keeps its own.
+func TestDataFileTenantGetsOnlyItsListedEgress(t *testing.T) {
+	bundle := bundleWithTenants(t, signedAgents, nil)
+	e, err := openWithDataFile(t, bundle, `{"bots": {"tier": "untrusted", "namespaces": ["bots"], "egress_cidrs": ["192.168.4.0/24"]}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for ns, want := range map[string]string{"bots": "192.168.4.0/24", "agents": "10.96.0.0/12"} {
+		in := agentPod()
+		in.Namespace = ns
+		d, err := e.Decide(context.Background(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(d.Network.EgressCIDRs, ","); got != want {
+			t.Errorf("namespace %s: egress_cidrs %q, want %q", ns, got, want)
+		}
+	}
+}
+
+// A signed tier's bound must itself be CIDRs.
+func TestUnsignedEgressBoundMalformed(t *testing.T) {
+	bundle := bundleWithTenants(t, `{}`, func(data map[string]any) {
+		nw := data["bulkhead"].(map[string]any)["tiers"].(map[string]any)["untrusted"].(map[string]any)["network"].(map[string]any)
+		nw["unsigned_egress_bound"] = []any{"10.0.0.0/8", "everywhere"}
+	})
+	_, err := openWithDataFile(t, bundle, `{"bots": {"tier": "untrusted", "namespaces": ["bots"], "egress_cidrs": ["10.1.0.0/16"]}}`)
+	want := `tier "untrusted" network.unsigned_egress_bound[1]: "everywhere" is not a CIDR`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Open = %v, want an error containing %s", err, want)
+	}
+}
+
+// badNames are names that are not DNS-1123 labels, each with what the
+// refusal says about it. "agents\u0000" is the one that aliased agents'
+// fence identity (issue 24, hole 5).
+var badNames = []struct{ json, says string }{
+	{`"agents\u0000"`, `"agents\x00" holds "\x00" at byte 6`},
+	{`"\u0000agents"`, `"\x00agents" holds "\x00" at byte 0`},
+	{`"Agents"`, `"Agents" holds "A" at byte 0`},
+	{`"a_b"`, `"a_b" holds "_" at byte 1`},
+	{`"a.b"`, `"a.b" holds "." at byte 1`},
+	{`"agents\n"`, `"agents\n" holds "\n" at byte 6`},
+	{`"-agents"`, `"-agents" starts or ends with '-'`},
+	{`"` + strings.Repeat("a", 64) + `"`, `"` + strings.Repeat("a", 64) + `" is 64 bytes; a DNS-1123 label is at most 63`},
+	{`""`, `"" is empty`},
+}
+
+// TestNamesAreLabelsInDataFile: every tenant, tier and namespace name the
+// data file brings is a DNS-1123 label.
+func TestNamesAreLabelsInDataFile(t *testing.T) {
+	bundle := bundleWithTenants(t, signedAgents, nil)
+	for _, bad := range badNames {
+		for what, tc := range map[string]struct{ tenants, want string }{
+			"tenant":    {`{` + bad.json + `: {"tier": "untrusted", "namespaces": ["bots"]}}`, `tenant ` + bad.says},
+			"tier":      {`{"bots": {"tier": ` + bad.json + `, "namespaces": ["bots"]}}`, `tenant "bots": tier ` + bad.says},
+			"namespace": {`{"bots": {"tier": "untrusted", "namespaces": ["bots", ` + bad.json + `]}}`, `tenant "bots": namespaces[1] ` + bad.says},
+		} {
+			t.Run(what+" "+bad.json, func(t *testing.T) {
+				_, err := openWithDataFile(t, bundle, tc.tenants)
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Open = %v\nwant an error containing %s", err, tc.want)
+				}
+			})
+		}
+	}
+	// The longest label passes.
+	long := strings.Repeat("a", 63)
+	if _, err := openWithDataFile(t, bundle, `{"`+long+`": {"tier": "untrusted", "namespaces": ["`+long+`"]}}`); err != nil {
+		t.Errorf("a 63-byte tenant and namespace: %v", err)
+	}
+}
+
+// TestNamesAreLabelsInSignedBundle: the signed bundle's tenant, tier and
+// namespace names are labels too; a signature vouches for who wrote a
+// name, not for what the fence and the ledgers make of it.
+func TestNamesAreLabelsInSignedBundle(t *testing.T) {
+	for _, bad := range badNames {
+		for what, tc := range map[string]struct {
+			tenants string
+			mod     func(map[string]any)
+			want    string
+		}{
+			"tenant":    {tenants: `{` + bad.json + `: {"tier": "untrusted", "namespaces": ["bots"]}}`, want: `data.bulkhead.tenants: tenant ` + bad.says},
+			"tier ref":  {tenants: `{"bots": {"tier": ` + bad.json + `, "namespaces": ["bots"]}}`, want: `data.bulkhead.tenants: tenant "bots": tier ` + bad.says},
+			"namespace": {tenants: `{"bots": {"tier": "untrusted", "namespaces": [` + bad.json + `]}}`, want: `data.bulkhead.tenants: tenant "bots": namespaces[0] ` + bad.says},
+			"tier": {tenants: `{}`, want: `data.bulkhead.tiers: tier ` + bad.says, mod: func(data map[string]any) {
+				var name string
+				if err := json.Unmarshal([]byte(bad.json), &name); err != nil {
+					t.Fatal(err)
+				}
+				tiers := data["bulkhead"].(map[string]any)["tiers"].(map[string]any)
+				tiers[name] = tiers["untrusted"]
+			}},
+		} {
+			t.Run(what+" "+bad.json, func(t *testing.T) {
+				bundle := bundleWithTenants(t, tc.tenants, tc.mod)
+				_, err := Open(context.Background(), Options{BundlePath: bundle, InsecureSkipVerification: true, Logger: quietLogger()})
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Open = %v\nwant an error containing %s", err, tc.want)
+				}
+			})
+		}
+	}
+}
+
+// The tenants of the shipped examples are within their tiers and named by
+// labels: the demo and the docs load as they are.
+func TestShippedTenantsLoad(t *testing.T) {
+	for _, path := range []string{"rego/examples/tenants.demo.json", "policy/admission/testdata/tenants.json"} {
+		e, err := Open(context.Background(), Options{BundlePath: repoPath(t, "rego"), DataPath: repoPath(t, path), InsecureSkipVerification: true, Logger: quietLogger()})
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+			continue
+		}
+		e.Close()
+	}
+}
