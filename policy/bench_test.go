@@ -319,7 +319,7 @@ func BenchmarkOpen(b *testing.B) {
 			e.Close()
 		}
 	})
-	opts.PlanCacheDir = filepath.Join(b.TempDir(), "cache")
+	withPlanCache(b, &opts)
 	if e, err := Open(context.Background(), opts); err != nil {
 		b.Fatal(err)
 	} else {

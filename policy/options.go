@@ -94,8 +94,19 @@ type Options struct {
 	// that opening the same bundle again skips parsing, compiling and
 	// planning it (plancache.go). It must be an absolute path; it is created
 	// 0700, and neither it nor an entry is read unless it belongs to this
-	// process's user and is closed to everyone else. Empty: no cache.
+	// process's user and is closed to everyone else. Entries are
+	// authenticated with PlanCacheKeyFile. Empty: no cache.
 	PlanCacheDir string
+
+	// PlanCacheKeyFile is the node's secret that authenticates plan cache
+	// entries (HMAC-SHA256): a writer of PlanCacheDir who cannot read it
+	// cannot make an entry the engine serves. It must be an absolute path
+	// outside PlanCacheDir. When the file does not exist the engine creates
+	// it (32 random bytes, 0600, its directory 0700); it is used only when
+	// it belongs to this process's user and is closed to everyone else, and
+	// its directory may be written by no one else. Empty, or a key that
+	// cannot be used: the cache is neither read nor written (logged).
+	PlanCacheKeyFile string
 
 	// Logger receives the engine's own messages (loads, reloads, failures).
 	// Nil means slog.Default().
@@ -140,6 +151,14 @@ func (o *Options) validate() error {
 	}
 	if o.PlanCacheDir != "" && !filepath.IsAbs(o.PlanCacheDir) {
 		return fmt.Errorf("policy: Options.PlanCacheDir %q must be an absolute path", o.PlanCacheDir)
+	}
+	if o.PlanCacheKeyFile != "" {
+		if !filepath.IsAbs(o.PlanCacheKeyFile) {
+			return fmt.Errorf("policy: Options.PlanCacheKeyFile %q must be an absolute path", o.PlanCacheKeyFile)
+		}
+		if o.PlanCacheDir != "" && insideDir(filepath.Clean(o.PlanCacheKeyFile), filepath.Clean(o.PlanCacheDir)) {
+			return fmt.Errorf("policy: Options.PlanCacheKeyFile %q lies inside Options.PlanCacheDir %q: a writer of the cache could read or replace the key that authenticates it", o.PlanCacheKeyFile, o.PlanCacheDir)
+		}
 	}
 	if o.MaxBundleBytes < 0 {
 		return fmt.Errorf("policy: Options.MaxBundleBytes %d must not be negative", o.MaxBundleBytes)

@@ -1,8 +1,9 @@
 package policy
 
 import (
-	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -39,13 +40,23 @@ import (
 // verification off), the bundle bounds, the evaluator, the paths, and this
 // binary (its build info and its file). It is written only after those
 // very bytes were verified against that config, compiled, and the plan's
-// probe decision matched OPA's interpreter; verification being a function
-// of the bytes and the config, a hit stands for a verification that
-// succeeded. Another bundle, a changed byte, another key or scope is
-// another name: a miss, verified and compiled in full. The directory and
-// the entries must belong to this process's user and be closed to everyone
-// else (0700, 0600), or the cache is not read. An entry starts with the
-// SHA-256 digest of the rest: a damaged entry is a miss.
+// probe decision matched OPA's interpreter. Another bundle, a changed byte,
+// another key or scope is another name: a miss, verified and compiled in
+// full.
+//
+// Whoever can write the directory can write an entry, and the programs in
+// it decide every pod: a digest anyone can compute proves nothing. So an
+// entry starts with an HMAC-SHA256 of the rest under the node's plan cache
+// key (Options.PlanCacheKeyFile), a secret kept outside the cache
+// directory, readable by this process's user alone: an entry that does not
+// authenticate under it is a miss (logged, compiled, written again), and
+// without a usable key the cache is neither read nor written. Even an
+// entry that authenticates never stands in for the signature: a hit
+// checks the bundle's signature again (verifySignature: OPA's signature
+// and file digests, without parsing the modules), and a bundle that does
+// not verify is a miss, refused as the compile refuses it. The directory
+// and the entries must belong to this process's user and be closed to
+// everyone else (0700, 0600), or the cache is not read.
 //
 // Decisions are identical with and without the cache: the same programs
 // run on the same data. OPA's interpreter, which decides where a plan defers,
@@ -53,7 +64,7 @@ import (
 
 // planCacheFormat changes whenever what an entry holds or how the engine
 // compiles and plans a bundle changes.
-const planCacheFormat = "bulkhead-plan-cache/2"
+const planCacheFormat = "bulkhead-plan-cache/3"
 
 // planCacheMaxEntry bounds an entry read back.
 const planCacheMaxEntry = 256 << 20
@@ -78,37 +89,53 @@ type planCacheEntry struct {
 // planCacheSections is how many sections an entry holds.
 const planCacheSections = 7
 
-// marshal is the entry's file: the SHA-256 digest of the rest, then each
-// field in the order planCacheEntry declares them, as its length (a
-// uvarint) and its bytes, Unmasked as JSON. The programs stay where they
+// marshal is the entry's file: the HMAC-SHA256 of the rest under key,
+// then each field in the order planCacheEntry declares them, as its length
+// (a uvarint) and its bytes, Unmasked as JSON. The programs stay where they
 // are in the file when it is read back (unmarshalPlanCacheEntry).
-func (ent *planCacheEntry) marshal() ([]byte, error) {
+func (ent *planCacheEntry) marshal(key []byte) ([]byte, error) {
 	unmasked, err := json.Marshal(ent.Unmasked)
 	if err != nil {
 		return nil, err
 	}
-	b := make([]byte, sha256.Size) // the digest, once the rest is known
+	b := make([]byte, sha256.Size) // the MAC, once the rest is known
 	for _, section := range [planCacheSections][]byte{
 		[]byte(ent.Format), []byte(ent.Key), []byte(ent.Revision), unmasked, ent.Data, ent.Decision, ent.Mask,
 	} {
 		b = binary.AppendUvarint(b, uint64(len(section)))
 		b = append(b, section...)
 	}
-	sum := sha256.Sum256(b[sha256.Size:])
-	copy(b, sum[:])
+	copy(b, entryMAC(key, b[sha256.Size:]))
 	return b, nil
 }
 
-// unmarshalPlanCacheEntry reads back what marshal wrote; the entry's byte
-// slices are raw's.
-func unmarshalPlanCacheEntry(raw []byte) (*planCacheEntry, error) {
+// entryMAC is the HMAC-SHA256 of an entry's body under the node's key.
+func entryMAC(key, body []byte) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write(body)
+	return m.Sum(nil)
+}
+
+// errEntryNotAuthentic is the error of an entry whose MAC does not match.
+var errEntryNotAuthentic = errors.New("entry is not authentic: its HMAC under the node's plan cache key does not match (damaged, written under another key, or not written by this node's engine)")
+
+// unmarshalPlanCacheEntry reads back what marshal wrote under key, refusing
+// an entry that does not authenticate before reading any of it; the
+// entry's byte slices are raw's.
+func unmarshalPlanCacheEntry(raw, key []byte) (*planCacheEntry, error) {
 	if len(raw) < sha256.Size {
 		return nil, errors.New("entry is truncated")
 	}
-	rest := raw[sha256.Size:]
-	if sum := sha256.Sum256(rest); !bytes.Equal(sum[:], raw[:sha256.Size]) {
-		return nil, errors.New("entry is damaged: its digest does not match")
+	body := raw[sha256.Size:]
+	if !hmac.Equal(entryMAC(key, body), raw[:sha256.Size]) {
+		return nil, errEntryNotAuthentic
 	}
+	return parsePlanCacheEntry(body)
+}
+
+// parsePlanCacheEntry reads the sections of an entry's body, which must
+// have been authenticated.
+func parsePlanCacheEntry(rest []byte) (*planCacheEntry, error) {
 	var sections [planCacheSections][]byte
 	for i := range sections {
 		n, size := binary.Uvarint(rest)
@@ -133,14 +160,23 @@ func unmarshalPlanCacheEntry(raw []byte) (*planCacheEntry, error) {
 // planCache is the cache entry of one load.
 type planCache struct {
 	dir, key string
-	src      sources
+	// secret is the node's plan cache key, which authenticates entries.
+	secret []byte
+	src    sources
 }
 
 // planCache returns the cache entry for src, or nil when there is no
-// cache: no PlanCacheDir, the interpreter evaluator, or a bundle directory
-// (only a tarball is read in one piece).
+// cache: no PlanCacheDir, the interpreter evaluator, a bundle directory
+// (only a tarball is read in one piece), or no usable key to authenticate
+// entries with (logged: the cache is then neither read nor written).
 func (e *Engine) planCache(src sources) *planCache {
 	if e.opts.PlanCacheDir == "" || e.opts.Evaluator == EvaluatorTopdown || src.raw == nil {
+		return nil
+	}
+	secret, err := loadPlanCacheKey(e.opts.PlanCacheKeyFile, e.opts.PlanCacheDir)
+	if err != nil {
+		e.logger.Warn("policy plan cache not used: no key to authenticate its entries; compiling the bundle",
+			"dir", e.opts.PlanCacheDir, "key_file", e.opts.PlanCacheKeyFile, "error", err)
 		return nil
 	}
 	h := sha256.New()
@@ -176,7 +212,7 @@ func (e *Engine) planCache(src sources) *planCache {
 	}
 	field("bundle", src.raw)
 	field("data", src.data)
-	return &planCache{dir: e.opts.PlanCacheDir, key: hex.EncodeToString(h.Sum(nil)), src: src}
+	return &planCache{dir: e.opts.PlanCacheDir, key: hex.EncodeToString(h.Sum(nil)), secret: secret, src: src}
 }
 
 // buildIdentity names this binary: its build info and its file, so that
@@ -214,8 +250,17 @@ func (c *planCache) load(ctx context.Context, e *Engine) *snapshot {
 		e.logger.Warn("policy plan cache entry not used; compiling the bundle", "entry", c.path(), "error", err)
 		return nil
 	}
-	snap.fromCache = true
 	src := c.src
+	if e.vc != nil {
+		// An entry is no proof that the bundle verifies: check its
+		// signature again. A bundle that fails is a miss, which the
+		// compile then refuses with OPA's own message.
+		if err := verifySignature(e.opts.BundlePath, src.raw, e.vc, e.opts.bundleLimits()); err != nil {
+			e.logger.Warn("policy plan cache entry not used: the bundle's signature does not verify; compiling the bundle", "entry", c.path(), "error", err)
+			return nil
+		}
+	}
+	snap.fromCache = true
 	snap.buildInterp = func(ctx context.Context) (*interpreter, error) {
 		// The interpreter outlives the decision that first needs it.
 		ctx = context.WithoutCancel(ctx)
@@ -268,12 +313,17 @@ func (c *planCache) read() ([]byte, error) {
 	return raw, nil
 }
 
-// decode checks an entry and reads its programs back.
+// decode authenticates an entry, checks it and reads its programs back.
 func (c *planCache) decode(raw []byte) (*snapshot, error) {
-	ent, err := unmarshalPlanCacheEntry(raw)
+	ent, err := unmarshalPlanCacheEntry(raw, c.secret)
 	if err != nil {
 		return nil, err
 	}
+	return c.snapshotOf(ent)
+}
+
+// snapshotOf checks an authenticated entry and reads its programs back.
+func (c *planCache) snapshotOf(ent *planCacheEntry) (*snapshot, error) {
 	if ent.Format != planCacheFormat || ent.Key != c.key {
 		return nil, fmt.Errorf("entry is format %q key %.12s, want %q key %.12s", ent.Format, ent.Key, planCacheFormat, c.key)
 	}
@@ -322,7 +372,7 @@ func (c *planCache) store(snap *snapshot, logger *slog.Logger) {
 }
 
 func (c *planCache) write(ent planCacheEntry) error {
-	data, err := ent.marshal()
+	data, err := ent.marshal(c.secret)
 	if err != nil {
 		return err
 	}
@@ -405,6 +455,129 @@ func privateInfo(st os.FileInfo, dir bool) error {
 	sys, ok := st.Sys().(*syscall.Stat_t)
 	if !ok || int(sys.Uid) != os.Geteuid() {
 		return fmt.Errorf("not owned by uid %d", os.Geteuid())
+	}
+	return nil
+}
+
+// Bounds of the node's plan cache key (Options.PlanCacheKeyFile): the size
+// of a key the engine creates, the least and the most it reads.
+const (
+	planCacheKeySize = 32
+	planCacheMaxKey  = 4096
+)
+
+// loadPlanCacheKey returns the plan cache key at path, creating it (random
+// bytes, 0600) when it does not exist. The key is refused unless its
+// directory belongs to this process's user and nobody else may write it
+// (who may write it may replace the key), it does not lie inside cacheDir,
+// and the file belongs to this user and is closed to everyone else.
+func loadPlanCacheKey(path, cacheDir string) ([]byte, error) {
+	if path == "" {
+		return nil, errors.New("Options.PlanCacheKeyFile is not set")
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := checkKeyDir(dir, cacheDir); err != nil {
+		return nil, err
+	}
+	key, err := readPlanCacheKey(path)
+	if errors.Is(err, os.ErrNotExist) {
+		if err := createPlanCacheKey(path); err != nil {
+			return nil, fmt.Errorf("create %s: %w", path, err)
+		}
+		key, err = readPlanCacheKey(path)
+	}
+	return key, err
+}
+
+// checkKeyDir refuses the key's directory dir, symbolic links resolved,
+// unless it belongs to this process's user, is closed to writes from
+// anyone else, and is not cacheDir or inside it.
+func checkKeyDir(dir, cacheDir string) error {
+	resolved, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
+	st, err := os.Stat(resolved)
+	if err != nil {
+		return err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	switch {
+	case !st.IsDir():
+		return fmt.Errorf("%s: not a directory", resolved)
+	case st.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("key directory %s: mode %v: others may write it, and so replace the key", resolved, st.Mode().Perm())
+	case !ok || int(sys.Uid) != os.Geteuid():
+		return fmt.Errorf("key directory %s: not owned by uid %d", resolved, os.Geteuid())
+	}
+	if resolvedCache, err := filepath.EvalSymlinks(cacheDir); err == nil && insideDir(resolved, resolvedCache) {
+		return fmt.Errorf("key directory %s lies inside the plan cache directory %s: a writer of the cache could read or replace the key", resolved, resolvedCache)
+	}
+	return nil
+}
+
+// insideDir reports whether path is dir or lies inside it, both clean.
+func insideDir(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// readPlanCacheKey reads the key file at path, refusing a symbolic link, a
+// file of another user or one open to group or others, and a size out of
+// bounds.
+func readPlanCacheKey(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if err := privateInfo(st, false); err != nil {
+		return nil, fmt.Errorf("key %s: %w", path, err)
+	}
+	if st.Size() < planCacheKeySize || st.Size() > planCacheMaxKey {
+		return nil, fmt.Errorf("key %s: %d bytes, want %d to %d", path, st.Size(), planCacheKeySize, planCacheMaxKey)
+	}
+	key := make([]byte, st.Size())
+	if _, err := io.ReadFull(f, key); err != nil {
+		return nil, fmt.Errorf("key %s: %w", path, err)
+	}
+	return key, nil
+}
+
+// createPlanCacheKey writes a fresh random key to path unless a key is
+// there already: written whole to a temporary file first and linked into
+// place, so that a shim opening at the same time reads no key or all of
+// it, and the first of two concurrent creators wins.
+func createPlanCacheKey(path string) error {
+	key := make([]byte, planCacheKeySize)
+	if _, err := rand.Read(key); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".plan-cache-key-*") // 0600
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(key); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
 	}
 	return nil
 }

@@ -1,13 +1,17 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -23,6 +27,36 @@ func openCached(t *testing.T, opts Options) (*Engine, bool) {
 	return e, e.active.Load().fromCache
 }
 
+// withPlanCache sets opts' plan cache directory and key in a fresh
+// temporary directory, the key beside the cache as a node keeps it beside
+// its ledger.
+func withPlanCache(t testing.TB, opts *Options) {
+	t.Helper()
+	dir := t.TempDir()
+	opts.PlanCacheDir = filepath.Join(dir, "cache")
+	opts.PlanCacheKeyFile = filepath.Join(dir, "keys", "plan-cache.key")
+}
+
+// planCacheKey is the key opts' engine authenticates its entries with.
+func planCacheKey(t testing.TB, opts Options) []byte {
+	t.Helper()
+	key, err := os.ReadFile(opts.PlanCacheKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+// onlyEntry is the one entry of opts' plan cache.
+func onlyEntry(t testing.TB, opts Options) string {
+	t.Helper()
+	entries, _ := filepath.Glob(filepath.Join(opts.PlanCacheDir, "plan-*"))
+	if len(entries) != 1 {
+		t.Fatalf("cache holds %v, want one entry", entries)
+	}
+	return entries[0]
+}
+
 // sameDecision compares two decisions but for their ids.
 func sameDecision(a, b Decision) bool {
 	a.ID, b.ID = "", ""
@@ -35,15 +69,14 @@ func sameDecision(a, b Decision) bool {
 func TestPlanCacheDecidesAsCompiled(t *testing.T) {
 	opts := signedDefaultOptions(t)
 	compiled, _ := openCached(t, opts)
-	opts.PlanCacheDir = filepath.Join(t.TempDir(), "cache")
+	withPlanCache(t, &opts)
 	if _, hit := openCached(t, opts); hit {
 		t.Fatal("the first open hit an empty cache")
 	}
-	entries, _ := filepath.Glob(filepath.Join(opts.PlanCacheDir, "plan-*"))
-	if len(entries) != 1 {
-		t.Fatalf("cache holds %v, want one entry", entries)
-	}
-	for path, want := range map[string]os.FileMode{opts.PlanCacheDir: 0o700, entries[0]: 0o600} {
+	entry := onlyEntry(t, opts)
+	for path, want := range map[string]os.FileMode{
+		opts.PlanCacheDir: 0o700, entry: 0o600, filepath.Dir(opts.PlanCacheKeyFile): 0o700, opts.PlanCacheKeyFile: 0o600,
+	} {
 		if st, err := os.Stat(path); err != nil || st.Mode().Perm() != want {
 			t.Fatalf("%s: mode %v (%v), want %v", path, st.Mode().Perm(), err, want)
 		}
@@ -153,14 +186,33 @@ func TestPlanCacheRefuses(t *testing.T) {
 			raw[len(raw)/2] ^= 0x40
 			writeEntry(t, entry, raw)
 		}},
-		"entry of another format": {change: func(t *testing.T, _ *Options, entry string) {
-			rewriteEntry(t, entry, func(ent *planCacheEntry) { ent.Format = "bulkhead-plan-cache/1" })
+		"entry of another format": {change: func(t *testing.T, opts *Options, entry string) {
+			rewriteEntry(t, *opts, entry, func(ent *planCacheEntry) { ent.Format = "bulkhead-plan-cache/2" })
 		}},
-		"entry whose program is cut short, under a digest that matches": {change: func(t *testing.T, _ *Options, entry string) {
-			rewriteEntry(t, entry, func(ent *planCacheEntry) { ent.Decision = ent.Decision[:len(ent.Decision)/2] })
+		"entry whose program is cut short, under a MAC that matches": {change: func(t *testing.T, opts *Options, entry string) {
+			rewriteEntry(t, *opts, entry, func(ent *planCacheEntry) { ent.Decision = ent.Decision[:len(ent.Decision)/2] })
 		}},
-		"entry whose data is not a value, under a digest that matches": {change: func(t *testing.T, _ *Options, entry string) {
-			rewriteEntry(t, entry, func(ent *planCacheEntry) { ent.Data = []byte{0xff} })
+		"entry whose data is not a value, under a MAC that matches": {change: func(t *testing.T, opts *Options, entry string) {
+			rewriteEntry(t, *opts, entry, func(ent *planCacheEntry) { ent.Data = []byte{0xff} })
+		}},
+		"entry under another node's key": {change: func(t *testing.T, opts *Options, entry string) {
+			raw, err := os.ReadFile(entry)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ent, err := unmarshalPlanCacheEntry(raw, planCacheKey(t, *opts))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if raw, err = ent.marshal(bytes.Repeat([]byte{7}, planCacheKeySize)); err != nil {
+				t.Fatal(err)
+			}
+			writeEntry(t, entry, raw)
+		}},
+		"key replaced": {change: func(t *testing.T, opts *Options, _ string) {
+			if err := os.WriteFile(opts.PlanCacheKeyFile, bytes.Repeat([]byte{7}, planCacheKeySize), 0o600); err != nil {
+				t.Fatal(err)
+			}
 		}},
 		"entry of another bundle under this name": {change: func(t *testing.T, opts *Options, entry string) {
 			other := *opts
@@ -185,13 +237,9 @@ func TestPlanCacheRefuses(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			opts := signedDefaultOptions(t)
-			opts.PlanCacheDir = filepath.Join(t.TempDir(), "cache")
+			withPlanCache(t, &opts)
 			openCached(t, opts)
-			entries, _ := filepath.Glob(filepath.Join(opts.PlanCacheDir, "plan-*"))
-			if len(entries) != 1 {
-				t.Fatalf("cache holds %v, want one entry", entries)
-			}
-			tc.change(t, &opts, entries[0])
+			tc.change(t, &opts, onlyEntry(t, opts))
 			e, err := Open(context.Background(), opts)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -220,19 +268,20 @@ func TestPlanCacheDirMustBeAbsolute(t *testing.T) {
 }
 
 // rewriteEntry changes the entry at path with edit and writes it back
-// under a digest that matches.
-func rewriteEntry(t *testing.T, path string, edit func(*planCacheEntry)) {
+// under a MAC that matches, as only a holder of opts' key can.
+func rewriteEntry(t *testing.T, opts Options, path string, edit func(*planCacheEntry)) {
 	t.Helper()
+	key := planCacheKey(t, opts)
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ent, err := unmarshalPlanCacheEntry(raw)
+	ent, err := unmarshalPlanCacheEntry(raw, key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	edit(ent)
-	if raw, err = ent.marshal(); err != nil {
+	if raw, err = ent.marshal(key); err != nil {
 		t.Fatal(err)
 	}
 	writeEntry(t, path, raw)
@@ -245,39 +294,384 @@ func writeEntry(t *testing.T, path string, raw []byte) {
 	}
 }
 
-// FuzzPlanCacheEntry: whatever an entry holds under a digest that matches
+// FuzzPlanCacheEntry: whatever an entry holds under a MAC that matches
 // (what another build wrote, say), reading it is an error or a snapshot,
-// never a panic; an entry whose digest does not match is never read. The
+// never a panic; an entry whose MAC does not match is never read. The
 // seed is the default bundle's entry.
 func FuzzPlanCacheEntry(f *testing.F) {
 	opts := signedDefaultOptions(f)
-	opts.PlanCacheDir = filepath.Join(f.TempDir(), "cache")
+	withPlanCache(f, &opts)
 	e, err := Open(context.Background(), opts)
 	if err != nil {
 		f.Fatal(err)
 	}
 	e.Close()
-	entries, _ := filepath.Glob(filepath.Join(opts.PlanCacheDir, "plan-*"))
-	if len(entries) != 1 {
-		f.Fatalf("cache holds %v, want one entry", entries)
-	}
-	raw, err := os.ReadFile(entries[0])
+	key := planCacheKey(f, opts)
+	raw, err := os.ReadFile(onlyEntry(f, opts))
 	if err != nil {
 		f.Fatal(err)
 	}
-	ent, err := unmarshalPlanCacheEntry(raw)
+	ent, err := unmarshalPlanCacheEntry(raw, key)
 	if err != nil {
 		f.Fatal(err)
 	}
-	c := &planCache{key: ent.Key}
+	c := &planCache{key: ent.Key, secret: key}
 	f.Add(raw[sha256.Size:])
 	f.Fuzz(func(t *testing.T, body []byte) {
-		sum := sha256.Sum256(body)
-		raw := append(sum[:], body...)
+		raw := append(entryMAC(key, body), body...)
 		_, _ = c.decode(raw)
 		raw[0] ^= 1
 		if _, err := c.decode(raw); err == nil {
-			t.Fatal("an entry whose digest does not match was read")
+			t.Fatal("an entry whose MAC does not match was read")
 		}
 	})
+}
+
+// untrustedHostPod is a privileged host-network pod of the untrusted tenant
+// agents: the default bundle refuses it.
+func untrustedHostPod() Input {
+	in := agentPod()
+	in.Request.GPU = nil
+	in.Pod.HostNetwork = true
+	in.Pod.Containers[0].Privileged = true
+	return in
+}
+
+// permissiveEntry is the entry an attacker without the signing key can
+// compile: opts' bundle with the untrusted tier opened to privileged
+// host-network pods, loaded without verification, under the attacker's own
+// plan cache key. It checks that this entry's engine admits
+// untrustedHostPod.
+func permissiveEntry(t *testing.T, opts Options) *planCacheEntry {
+	t.Helper()
+	evil := opts
+	evil.BundlePath = filepath.Join(t.TempDir(), "evil.tar.gz")
+	raw, err := os.ReadFile(opts.BundlePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeEntry(t, evil.BundlePath, raw)
+	rewriteTar(t, evil.BundlePath, func(name string, content []byte) []byte {
+		if !strings.HasSuffix(name, "data.json") {
+			return content
+		}
+		var data map[string]any
+		if err := json.Unmarshal(content, &data); err != nil {
+			t.Fatal(err)
+		}
+		untrusted := data["bulkhead"].(map[string]any)["tiers"].(map[string]any)["untrusted"].(map[string]any)
+		untrusted["allow_privileged"], untrusted["allow_host_namespaces"] = true, true
+		if content, err = json.Marshal(data); err != nil {
+			t.Fatal(err)
+		}
+		return content
+	})
+	evil.Keys, evil.KeyID, evil.Scope, evil.InsecureSkipVerification = nil, "", "", true
+	withPlanCache(t, &evil)
+	e, _ := openCached(t, evil)
+	if d, err := e.Decide(context.Background(), untrustedHostPod()); err != nil || !d.Allow {
+		t.Fatalf("the permissive bundle decided %+v (%v), want the pod admitted", d, err)
+	}
+	raw, err = os.ReadFile(onlyEntry(t, evil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ent, err := unmarshalPlanCacheEntry(raw, planCacheKey(t, evil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ent
+}
+
+// logTo is a logger writing text lines to buf.
+func logTo(buf *bytes.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(buf, nil)) }
+
+// TestPlanCacheForgedEntryIsNotServed is the attack of issue 24 (hole 6):
+// a writer of the state directory, who cannot read the node's plan cache
+// key, replaces the entry of the signed bundle with the programs and data
+// of a bundle that admits privileged host-network pods of the untrusted
+// tier, keeping its name, format and revision, under the SHA-256 digest
+// format 2 used (or an HMAC under a key of its own). The signed bundle
+// still verifies; the next open must ignore the entry, say why, compile
+// the bundle, refuse the pod and write an authentic entry back.
+func TestPlanCacheForgedEntryIsNotServed(t *testing.T) {
+	digests := map[string]func(body []byte) []byte{
+		"SHA-256 as format 2": func(body []byte) []byte { sum := sha256.Sum256(body); return sum[:] },
+		"HMAC under another key": func(body []byte) []byte {
+			return entryMAC(bytes.Repeat([]byte{0}, planCacheKeySize), body)
+		},
+	}
+	for name, digest := range digests {
+		t.Run(name, func(t *testing.T) {
+			opts := signedDefaultOptions(t)
+			withPlanCache(t, &opts)
+			first, _ := openCached(t, opts)
+			ctx := context.Background()
+			if d, err := first.Decide(ctx, untrustedHostPod()); err != nil || d.Allow {
+				t.Fatalf("the signed bundle decided %+v (%v), want the pod refused", d, err)
+			}
+			entry := onlyEntry(t, opts)
+			forged := permissiveEntry(t, opts)
+			forged.Key = strings.TrimPrefix(filepath.Base(entry), "plan-")
+			forged.Revision = first.Revision()
+			raw, err := forged.marshal(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(raw, digest(raw[sha256.Size:]))
+			writeEntry(t, entry, raw)
+
+			var log bytes.Buffer
+			opts.Logger = logTo(&log)
+			e, hit := openCached(t, opts)
+			d, err := e.Decide(ctx, untrustedHostPod())
+			if hit || err != nil || d.Allow {
+				t.Fatalf("after the forged entry: served from the cache %v, decided %+v (%v), want compiled and refused", hit, d, err)
+			}
+			if !strings.Contains(log.String(), "entry is not authentic") {
+				t.Fatalf("the log does not say why the entry was not used:\n%s", log.String())
+			}
+			raw, err = os.ReadFile(entry)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := unmarshalPlanCacheEntry(raw, planCacheKey(t, opts)); err != nil {
+				t.Fatalf("the forged entry was not written over: %v", err)
+			}
+		})
+	}
+}
+
+// TestPlanCacheHitVerifiesSignature: even an entry that authenticates (its
+// author holds the node's key) never stands in for the signature. The
+// bundle is replaced by one that does not verify, and the entry of the
+// signed bundle is put, authentic, under the replacement's name: the open
+// must refuse the bundle, as it refuses it without a cache.
+func TestPlanCacheHitVerifiesSignature(t *testing.T) {
+	tests := map[string]struct {
+		tamper  func(t *testing.T, opts Options)
+		wantErr string
+	}{
+		"signature changed": {tamper: func(t *testing.T, opts Options) {
+			rewriteTar(t, opts.BundlePath, func(name string, content []byte) []byte {
+				if !strings.HasSuffix(name, ".signatures.json") {
+					return content
+				}
+				var sigs struct {
+					Signatures []string `json:"signatures"`
+				}
+				if err := json.Unmarshal(content, &sigs); err != nil || len(sigs.Signatures) != 1 {
+					t.Fatalf("signatures %s (%v)", content, err)
+				}
+				jws := []byte(sigs.Signatures[0])
+				i := len(jws) - 10 // inside the signature, base64url
+				jws[i] = map[bool]byte{true: 'A', false: 'B'}[jws[i] != 'A']
+				sigs.Signatures[0] = string(jws)
+				out, _ := json.Marshal(sigs)
+				return out
+			})
+		}, wantErr: "verify"},
+		"module changed": {tamper: func(t *testing.T, opts Options) {
+			rewriteTar(t, opts.BundlePath, func(name string, content []byte) []byte {
+				if strings.HasSuffix(name, "workload.rego") {
+					return append(content, []byte("\n# tampered\n")...)
+				}
+				return content
+			})
+		}, wantErr: "digest mismatch"},
+		"signed by another key under the node's key id": {tamper: func(t *testing.T, opts Options) {
+			dir := t.TempDir()
+			kp := newKeyPair(t, dir, "attacker")
+			src := filepath.Join(dir, "src")
+			rewriteTar(t, opts.BundlePath, func(name string, content []byte) []byte {
+				if !strings.HasSuffix(name, ".signatures.json") {
+					p := filepath.Join(src, strings.TrimPrefix(name, "/"))
+					if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.WriteFile(p, content, 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return content
+			})
+			buildBundle(t, src, opts.BundlePath, &kp, opts.KeyID, opts.Scope)
+		}, wantErr: "verify"},
+		"signature removed": {tamper: func(t *testing.T, opts Options) {
+			rewriteTar(t, opts.BundlePath, func(name string, content []byte) []byte {
+				if strings.HasSuffix(name, ".signatures.json") {
+					return []byte(`{}`)
+				}
+				return content
+			})
+		}, wantErr: "signature"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			opts := signedDefaultOptions(t)
+			withPlanCache(t, &opts)
+			openCached(t, opts)
+			key := planCacheKey(t, opts)
+			raw, err := os.ReadFile(onlyEntry(t, opts))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ent, err := unmarshalPlanCacheEntry(raw, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.tamper(t, opts)
+			// The name the tampered bytes are cached under.
+			e := &Engine{opts: opts, logger: quietLogger()}
+			if e.vc, err = opts.verificationConfig(); err != nil {
+				t.Fatal(err)
+			}
+			src, err := e.readSources()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := e.planCache(src)
+			ent.Key = c.key
+			if raw, err = ent.marshal(key); err != nil {
+				t.Fatal(err)
+			}
+			writeEntry(t, c.path(), raw)
+
+			e, err = Open(context.Background(), opts)
+			if err == nil {
+				e.Close()
+				t.Fatalf("Open served the bundle (from the cache: %v), want it refused", e.active.Load().fromCache)
+			}
+			if !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Open: %v, want an error with %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestPlanCacheKey: the key is created when absent; a key in the cache
+// directory is refused by Open, naming the field; a key that others may
+// read or replace, or none, leaves the cache unused (logged), never
+// trusted.
+func TestPlanCacheKey(t *testing.T) {
+	tests := map[string]struct {
+		// prepare changes opts (cache and key in a fresh directory) before
+		// the first open.
+		prepare func(t *testing.T, opts *Options)
+		// wantErr: Open must fail with this; empty: both opens succeed,
+		// the second without the cache, and the log says why.
+		wantErr string
+	}{
+		"no key file": {prepare: func(t *testing.T, opts *Options) {
+			opts.PlanCacheKeyFile = ""
+		}},
+		"key inside the cache directory": {prepare: func(t *testing.T, opts *Options) {
+			opts.PlanCacheKeyFile = filepath.Join(opts.PlanCacheDir, "keys", "plan-cache.key")
+		}, wantErr: "Options.PlanCacheKeyFile"},
+		"key directory is a link into the cache directory": {prepare: func(t *testing.T, opts *Options) {
+			if err := os.MkdirAll(filepath.Join(opts.PlanCacheDir, "keys"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Join(opts.PlanCacheDir, "keys"), filepath.Dir(opts.PlanCacheKeyFile)); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		"relative key path": {prepare: func(t *testing.T, opts *Options) {
+			opts.PlanCacheKeyFile = "plan-cache.key"
+		}, wantErr: "Options.PlanCacheKeyFile"},
+		"key readable by the group": {prepare: func(t *testing.T, opts *Options) {
+			writeKey(t, opts.PlanCacheKeyFile, bytes.Repeat([]byte{1}, planCacheKeySize), 0o640)
+		}},
+		"key readable by others": {prepare: func(t *testing.T, opts *Options) {
+			writeKey(t, opts.PlanCacheKeyFile, bytes.Repeat([]byte{1}, planCacheKeySize), 0o604)
+		}},
+		"key directory writable by others": {prepare: func(t *testing.T, opts *Options) {
+			writeKey(t, opts.PlanCacheKeyFile, bytes.Repeat([]byte{1}, planCacheKeySize), 0o600)
+			if err := os.Chmod(filepath.Dir(opts.PlanCacheKeyFile), 0o777); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		"key is a symbolic link": {prepare: func(t *testing.T, opts *Options) {
+			other := filepath.Join(filepath.Dir(opts.PlanCacheKeyFile), "other.key")
+			writeKey(t, other, bytes.Repeat([]byte{1}, planCacheKeySize), 0o600)
+			if err := os.Symlink(other, opts.PlanCacheKeyFile); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		"key too short": {prepare: func(t *testing.T, opts *Options) {
+			writeKey(t, opts.PlanCacheKeyFile, []byte("secret"), 0o600)
+		}},
+		"key is a directory": {prepare: func(t *testing.T, opts *Options) {
+			if err := os.MkdirAll(opts.PlanCacheKeyFile, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			opts := signedDefaultOptions(t)
+			withPlanCache(t, &opts)
+			tc.prepare(t, &opts)
+			var log bytes.Buffer
+			opts.Logger = logTo(&log)
+			for open := range 2 {
+				e, err := Open(context.Background(), opts)
+				if tc.wantErr != "" {
+					if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+						t.Fatalf("Open: %v, want an error with %q", err, tc.wantErr)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatalf("open %d: %v", open, err)
+				}
+				e.Close()
+				if e.active.Load().fromCache {
+					t.Fatalf("open %d served from the cache", open)
+				}
+			}
+			if entries, _ := filepath.Glob(filepath.Join(opts.PlanCacheDir, "plan-*")); len(entries) != 0 {
+				t.Fatalf("cache entries %v written without a usable key", entries)
+			}
+			if !strings.Contains(log.String(), "policy plan cache not used") {
+				t.Fatalf("the log does not say why the cache was not used:\n%s", log.String())
+			}
+		})
+	}
+}
+
+// TestPlanCacheKeyCreatedOnce: shims opening at once on a node without a
+// key all end with the same key, whole.
+func TestPlanCacheKeyCreatedOnce(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "keys", "plan-cache.key")
+	const n = 8
+	keys := make([][]byte, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { keys[i], errs[i] = loadPlanCacheKey(path, filepath.Join(dir, "cache")) })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || len(keys[i]) != planCacheKeySize || !bytes.Equal(keys[i], keys[0]) {
+			t.Fatalf("opener %d: key %x (%v), opener 0: %x", i, keys[i], errs[i], keys[0])
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "keys", ".plan-cache-key-*")); len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
+	}
+}
+
+func writeKey(t *testing.T, path string, key []byte, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, key, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, mode); err != nil { // past the umask
+		t.Fatal(err)
+	}
 }

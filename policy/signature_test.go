@@ -1,0 +1,194 @@
+package policy
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestVerifySignatureAgreesWithReader: what a plan cache hit checks
+// (verifySignature) accepts a bundle exactly when readBundleFrom, OPA's
+// reader with verification, does, for the signed default bundle and
+// tampered copies of it.
+func TestVerifySignatureAgreesWithReader(t *testing.T) {
+	tests := map[string]struct {
+		// tamper changes the signed tarball; opts may change too.
+		tamper func(t *testing.T, opts *Options)
+		valid  bool
+	}{
+		"signed": {tamper: func(*testing.T, *Options) {}, valid: true},
+		"data.json reformatted (signed as canonical JSON)": {tamper: func(t *testing.T, opts *Options) {
+			editTar(t, opts.BundlePath, "data.json", func(b []byte) []byte { return append([]byte(" \n"), b...) })
+		}, valid: true},
+		"module changed": {tamper: func(t *testing.T, opts *Options) {
+			editTar(t, opts.BundlePath, "runtime.rego", func(b []byte) []byte { return append(b, '\n') })
+		}},
+		"manifest changed": {tamper: func(t *testing.T, opts *Options) {
+			editTar(t, opts.BundlePath, ".manifest", func(b []byte) []byte { return bytes.Replace(b, []byte(`"revision":"`), []byte(`"revision":"x`), 1) })
+		}},
+		"data.json changed": {tamper: func(t *testing.T, opts *Options) {
+			editTar(t, opts.BundlePath, "data.json", func(b []byte) []byte {
+				return bytes.Replace(b, []byte(`"allow_privileged":false`), []byte(`"allow_privileged":true`), 1)
+			})
+		}},
+		"unsigned file added": {tamper: func(t *testing.T, opts *Options) {
+			addToTar(t, opts.BundlePath, "/extra.rego", "package bulkhead.extra\n")
+		}},
+		"unsigned patch file added": {tamper: func(t *testing.T, opts *Options) {
+			addToTar(t, opts.BundlePath, "/patch.json", `{"data": [{"op": "upsert", "path": "/x", "value": 1}]}`)
+		}},
+		"second signatures file": {tamper: func(t *testing.T, opts *Options) {
+			raw := fileInTar(t, opts.BundlePath, ".signatures.json")
+			addToTar(t, opts.BundlePath, "/sub/.signatures.json", string(raw))
+		}},
+		"signed file removed": {tamper: func(t *testing.T, opts *Options) {
+			editTar(t, opts.BundlePath, "runtime.rego", nil)
+		}},
+		"signatures file removed": {tamper: func(t *testing.T, opts *Options) {
+			editTar(t, opts.BundlePath, ".signatures.json", nil)
+		}},
+		"signature changed": {tamper: func(t *testing.T, opts *Options) {
+			editTar(t, opts.BundlePath, ".signatures.json", func(b []byte) []byte {
+				i := bytes.LastIndexByte(b, '"') - 5
+				b[i] = map[bool]byte{true: 'A', false: 'B'}[b[i] != 'A']
+				return b
+			})
+		}},
+		"other scope": {tamper: func(t *testing.T, opts *Options) { opts.Scope = "another-cluster" }},
+		"other key": {tamper: func(t *testing.T, opts *Options) {
+			opts.Keys[opts.KeyID] = newKeyPair(t, t.TempDir(), "other").pubPath
+		}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			opts := signedDefaultOptions(t)
+			tc.tamper(t, &opts)
+			vc, err := opts.verificationConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, err := os.ReadFile(opts.BundlePath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, readErr := readBundleFrom(opts.BundlePath, raw, vc, opts.bundleLimits())
+			verifyErr := verifySignature(opts.BundlePath, raw, vc, opts.bundleLimits())
+			if (readErr == nil) != tc.valid || (verifyErr == nil) != tc.valid {
+				t.Fatalf("OPA's reader: %v; verifySignature: %v; want valid %v", readErr, verifyErr, tc.valid)
+			}
+		})
+	}
+}
+
+// editTar replaces the file of the tarball at path whose name ends in
+// name by edit's result, or drops it when edit is nil.
+func editTar(t *testing.T, path, name string, edit func([]byte) []byte) {
+	t.Helper()
+	found := false
+	rewriteTarFiles(t, path, func(files []tarFile) []tarFile {
+		var out []tarFile
+		for _, f := range files {
+			if filepath.Base(f.name) == name {
+				found = true
+				if edit == nil {
+					continue
+				}
+				before := string(f.content)
+				if f.content = edit(f.content); string(f.content) == before {
+					t.Fatalf("editing %s changed nothing", f.name)
+				}
+			}
+			out = append(out, f)
+		}
+		return out
+	})
+	if !found {
+		t.Fatalf("%s holds no %s", path, name)
+	}
+}
+
+// addToTar adds a file to the tarball at path.
+func addToTar(t *testing.T, path, name, content string) {
+	t.Helper()
+	rewriteTarFiles(t, path, func(files []tarFile) []tarFile {
+		return append(files, tarFile{name: name, content: []byte(content)})
+	})
+}
+
+// fileInTar is the content of the file of the tarball at path whose name
+// ends in name.
+func fileInTar(t *testing.T, path, name string) []byte {
+	t.Helper()
+	var content []byte
+	rewriteTarFiles(t, path, func(files []tarFile) []tarFile {
+		for _, f := range files {
+			if strings.HasSuffix(f.name, name) {
+				content = f.content
+			}
+		}
+		return files
+	})
+	return content
+}
+
+type tarFile struct {
+	name    string
+	content []byte
+}
+
+// rewriteTarFiles writes the tarball at path again with the regular files
+// edit returns.
+func rewriteTarFiles(t *testing.T, path string, edit func([]tarFile) []tarFile) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(zr)
+	var files []tarFile
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		content, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			files = append(files, tarFile{h.Name, content})
+		}
+	}
+	var out bytes.Buffer
+	zw := gzip.NewWriter(&out)
+	tw := tar.NewWriter(zw)
+	for _, f := range edit(files) {
+		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.content)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(f.content); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
