@@ -326,7 +326,7 @@ func testMetadataCIDRs() []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range []string{
 		"169.254.169.254/32", "169.254.170.2/32", "169.254.170.23/32", "100.100.100.200/32",
-		"168.63.129.16/32", "fd00:ec2::254/128", "fd00:ec2::23/128", "fd20:ce::254/128",
+		"168.63.129.16/32", "fd00:ec2::254/128", "fd00:ec2::23/128",
 	} {
 		out = append(out, netip.MustParsePrefix(s))
 	}

@@ -266,6 +266,12 @@ type NetworkDecision struct {
 	// cluster the pod may reach.
 	EgressCIDRs  []string `json:"egress_cidrs"`
 	DenyMetadata bool     `json:"deny_metadata"`
+	// MetadataCIDRs are the cloud credential endpoints the fence blocks
+	// when DenyMetadata is set: the tier's network.metadata_cidrs, by
+	// default every one rego/network.rego lists. Nil from a bundle that
+	// predates the list; the node then refuses to fence a pod that
+	// denies metadata rather than guess the list.
+	MetadataCIDRs []string `json:"metadata_cidrs,omitempty"`
 }
 
 // Decider makes policy decisions. Implementations fail closed: any error

@@ -152,6 +152,11 @@ func decodeDecision(v ast.Value) (Decision, error) {
 	if d.Network.DenyMetadata, err = getBool(nw, "deny_metadata", "network.deny_metadata"); err != nil {
 		return d, err
 	}
+	if field(nw, "metadata_cidrs") != nil {
+		if d.Network.MetadataCIDRs, err = getStrings(nw, "metadata_cidrs", "network.metadata_cidrs", false); err != nil {
+			return d, err
+		}
+	}
 	return d, nil
 }
 

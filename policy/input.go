@@ -299,7 +299,7 @@ var keyTerms = func() map[string]*ast.Term {
 		// and those of the decision, read back by decodeDecision
 		"allow", "reasons", "tier", "runtime", "warnings", "rule", "message", "enforcement",
 		"allowed_profiles", "max_slices", "whole_gpu", "exclusive_physical_gpu", "mig_in_sandbox",
-		"network", "isolation", "egress_cidrs", "deny_metadata",
+		"network", "isolation", "egress_cidrs", "deny_metadata", "metadata_cidrs",
 	} {
 		m[k] = ast.StringTerm(k)
 	}
