@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/bulkhead-runtime/bulkhead/internal/dnslabel"
 )
 
 // Endpoint is one managed pod interface, as the shim registers it.
@@ -20,10 +22,10 @@ type Endpoint struct {
 	Ifindex int
 	// HostVeth is the host-side veth's name, used when Ifindex is 0.
 	HostVeth string
-	// Tenant names the tenant that owns the pod (at most 64 bytes). Required.
+	// Tenant names the tenant that owns the pod: a DNS-1123 label. Required.
 	Tenant string
 	// Tier names the pod's trust tier; it selects the shared services the pod
-	// may reach. Required.
+	// may reach. A DNS-1123 label. Required.
 	Tier string
 	// IPv4 and IPv6 are the pod's addresses; at least one is required. The pod
 	// may send only from these (and, for neighbour discovery, link-local).
@@ -117,10 +119,13 @@ func (e *Endpoint) validate() error {
 			return fmt.Errorf("endpoint %s: address %s must be a unicast, non-link-local pod address", e.SandboxID, a)
 		}
 	}
-	if _, err := nameToKey(e.Tenant); err != nil {
+	// A name becomes the key of a fixed-size, NUL-padded map entry, where
+	// "agents\x00" would read as "agents" and pass as that tenant: only a
+	// DNS-1123 label, as policy admits, becomes an identity.
+	if err := dnslabel.Check(e.Tenant); err != nil {
 		return fmt.Errorf("endpoint %s: Tenant %q %w", e.SandboxID, e.Tenant, err)
 	}
-	if _, err := nameToKey(e.Tier); err != nil {
+	if err := dnslabel.Check(e.Tier); err != nil {
 		return fmt.Errorf("endpoint %s: Tier %q %w", e.SandboxID, e.Tier, err)
 	}
 	if e.MAC != nil && (len(e.MAC) != 6 || e.MAC[0]&1 != 0 || bytes.Equal(e.MAC, make([]byte, 6))) {

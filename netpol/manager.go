@@ -15,6 +15,8 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/bulkhead-runtime/bulkhead/internal/dnslabel"
 )
 
 // Defaults for Options.
@@ -58,7 +60,7 @@ type ClusterConfig struct {
 
 // TenantRange gives a tenant an address range outside this node.
 type TenantRange struct {
-	// Tenant names the owner.
+	// Tenant names the owner: a DNS-1123 label, as Endpoint.Tenant.
 	Tenant string
 	// Prefix is the range.
 	Prefix netip.Prefix
@@ -111,7 +113,7 @@ func (o *Options) validate() error {
 		}
 	}
 	for tier, ps := range c.SharedServices {
-		if _, err := nameToKey(tier); err != nil {
+		if err := dnslabel.Check(tier); err != nil {
 			return fmt.Errorf("netpol: Cluster.SharedServices tier %q %w", tier, err)
 		}
 		for i, p := range ps {
@@ -121,7 +123,7 @@ func (o *Options) validate() error {
 		}
 	}
 	for i, r := range c.RemoteTenants {
-		if _, err := nameToKey(r.Tenant); err != nil {
+		if err := dnslabel.Check(r.Tenant); err != nil {
 			return fmt.Errorf("netpol: Cluster.RemoteTenants[%d].Tenant %q %w", i, r.Tenant, err)
 		}
 		if !r.Prefix.IsValid() {
@@ -604,6 +606,9 @@ func (m *Manager) info(ifindex uint32, v endpointValue) (EndpointInfo, error) {
 // Stats returns the tenant's drop counters.
 func (m *Manager) Stats(tenant string) (Stats, error) {
 	var s Stats
+	if err := dnslabel.Check(tenant); err != nil {
+		return s, fmt.Errorf("netpol: stats: tenant %q %w", tenant, err)
+	}
 	err := m.locked(context.Background(), func() error {
 		id, err := lookupID(m.dp.tenantIDs, tenant)
 		if err != nil {
