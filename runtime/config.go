@@ -108,6 +108,13 @@ type PolicyConfig struct {
 	// MaxBundleFiles bounds the bundle's files; 0 is
 	// policy.DefaultMaxBundleFiles. See policy.Options.MaxBundleFiles.
 	MaxBundleFiles int `toml:"max_bundle_files"`
+	// PlanCacheKey is the node's secret that authenticates the entries of
+	// the policy plan cache under state_dir (policy.Options
+	// PlanCacheKeyFile): a writer of state_dir who cannot read it cannot
+	// make an entry the shims serve. An absolute path outside state_dir;
+	// the first shim to open the policy creates it (0600). Empty: Config
+	// PlanCacheKeyPath, beside ledger_path.
+	PlanCacheKey string `toml:"plan_cache_key"`
 }
 
 // PipelineConfig switches the placement pipeline.
@@ -372,6 +379,41 @@ func (c Config) validateShimOnly() error {
 	}
 	if c.Policy.Bundle != "" && !c.Policy.InsecureSkipVerification && (c.Policy.KeyFile == "" || c.Policy.KeyID == "") {
 		return errors.New("policy.key_file and policy.key_id: must be set to verify the bundle (or set policy.insecure_skip_verification for development)")
+	}
+	return c.checkPlanCacheKey()
+}
+
+// PlanCacheKeyPath is policy.plan_cache_key, or by default plan-cache.key
+// beside ledger_path (/var/lib/bulkhead/plan-cache.key): node state that
+// outlives a pod, outside state_dir, where only root writes.
+func (c Config) PlanCacheKeyPath() string {
+	if c.Policy.PlanCacheKey != "" {
+		return c.Policy.PlanCacheKey
+	}
+	return filepath.Join(filepath.Dir(c.LedgerPath), "plan-cache.key")
+}
+
+// checkPlanCacheKey refuses a plan cache key (PlanCacheKeyPath) that is
+// relative or lies under state_dir, as written or with symbolic links
+// resolved: whoever may write state_dir, which holds the cache, could read
+// or replace the key that authenticates it.
+func (c Config) checkPlanCacheKey() error {
+	key := c.PlanCacheKeyPath()
+	setting := "policy.plan_cache_key"
+	if c.Policy.PlanCacheKey == "" {
+		setting += " (unset: plan-cache.key beside ledger_path)"
+	}
+	if !filepath.IsAbs(key) {
+		return fmt.Errorf("%s: %q must be an absolute path", setting, key)
+	}
+	resolve := func(p string) string {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return r
+		}
+		return filepath.Clean(p)
+	}
+	if under(filepath.Clean(key), filepath.Clean(c.StateDir)) || under(filepath.Join(resolve(filepath.Dir(key)), filepath.Base(key)), resolve(c.StateDir)) {
+		return fmt.Errorf("%s: %q lies under state_dir %q, which holds the plan cache it authenticates: a writer of state_dir could read or replace it; set it outside", setting, key, c.StateDir)
 	}
 	return nil
 }

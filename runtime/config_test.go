@@ -21,6 +21,9 @@ func TestParseConfig(t *testing.T) {
 				if c.RunscPath != "/usr/local/bin/runsc" || c.Runsc.Platform != "systrap" || !c.Pipeline.Enabled {
 					t.Errorf("defaults not applied: %+v", c)
 				}
+				if got := c.PlanCacheKeyPath(); got != "/var/lib/bulkhead/plan-cache.key" {
+					t.Errorf("plan cache key %q, want /var/lib/bulkhead/plan-cache.key", got)
+				}
 			},
 		},
 		{
@@ -71,6 +74,19 @@ enabled = true
 		{name: "bad policy evaluator", doc: "[pipeline]\nenabled=false\n[policy]\nevaluator = \"wasm\"\n", wantErr: `policy.evaluator: "wasm" is not one of plan, topdown`},
 		{name: "bad cluster cidr", doc: "[pipeline]\nenabled=false\n[netpol]\ncluster_cidrs = [\"10.0.0.0/33\"]\n", wantErr: `netpol.cluster_cidrs[0]`},
 		{name: "bundle without key", doc: "[policy]\nbundle = \"/b\"\n", wantErr: "policy.key_file and policy.key_id"},
+		{
+			name: "plan cache key beside a moved ledger",
+			doc:  "ledger_path = \"/var/lib/x/ledger.db\"\n[pipeline]\nenabled=false\n",
+			check: func(t *testing.T, c Config) {
+				if got := c.PlanCacheKeyPath(); got != "/var/lib/x/plan-cache.key" {
+					t.Errorf("plan cache key %q, want /var/lib/x/plan-cache.key", got)
+				}
+			},
+		},
+		{name: "plan cache key under state_dir", doc: "[pipeline]\nenabled=false\n[policy]\nplan_cache_key = \"/run/bulkhead/keys/plan.key\"\n", wantErr: `policy.plan_cache_key: "/run/bulkhead/keys/plan.key" lies under state_dir "/run/bulkhead"`},
+		{name: "plan cache key under state_dir, unclean", doc: "[pipeline]\nenabled=false\n[policy]\nplan_cache_key = \"/var/../run//bulkhead/plan.key\"\n", wantErr: "lies under state_dir"},
+		{name: "default plan cache key under state_dir", doc: "ledger_path = \"/run/bulkhead/ledger.db\"\n[pipeline]\nenabled=false\n", wantErr: "policy.plan_cache_key (unset: plan-cache.key beside ledger_path)"},
+		{name: "relative plan cache key", doc: "[pipeline]\nenabled=false\n[policy]\nplan_cache_key = \"plan.key\"\n", wantErr: `policy.plan_cache_key: "plan.key" must be an absolute path`},
 		{name: "wrong type", doc: "debug = \"yes\"\n", wantErr: "line 1"},
 		{name: "not toml", doc: "[runsc\n", wantErr: "line"},
 	}
@@ -207,5 +223,29 @@ func TestValidateForUse(t *testing.T) {
 	}
 	if _, err := LoadConfigFor(path, UseNodeState); err == nil || !strings.Contains(err.Error(), "unknown key(s) policy.key_fil") {
 		t.Errorf("unknown key for UseNodeState: %v", err)
+	}
+}
+
+// TestPlanCacheKeyUnderStateDirThroughALink: a key whose directory is a
+// symbolic link into state_dir lies under state_dir.
+func TestPlanCacheKeyUnderStateDirThroughALink(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(state, filepath.Join(dir, "keys")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Pipeline.Enabled = false
+	cfg.StateDir = state
+	cfg.Policy.PlanCacheKey = filepath.Join(dir, "keys", "plan-cache.key")
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "policy.plan_cache_key") {
+		t.Fatalf("Validate: %v, want policy.plan_cache_key refused", err)
+	}
+	cfg.Policy.PlanCacheKey = filepath.Join(dir, "plan-cache.key")
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v, want a key beside state_dir accepted", err)
 	}
 }

@@ -150,7 +150,8 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 			MaxBundleFiles:           cfg.Policy.MaxBundleFiles,
 			// Every shim opens the bundle for its one pod: the second and
 			// later load its verified plan instead of compiling it.
-			PlanCacheDir: filepath.Join(cfg.StateDir, PolicyCacheDir),
+			PlanCacheDir:     filepath.Join(cfg.StateDir, PolicyCacheDir),
+			PlanCacheKeyFile: cfg.PlanCacheKeyPath(),
 		}
 		if cfg.Policy.KeyFile != "" {
 			opts.Keys = map[string]string{cfg.Policy.KeyID: cfg.Policy.KeyFile}
