@@ -21,7 +21,8 @@ node := {"name": "node-a", "gpus": [
 	{"index": 1, "model": "NVIDIA H200", "mig_enabled": false, "free_slices": 7},
 ]}
 
-# pod(ns, handler) is a minimal, allowed sandbox input for namespace ns.
+# pod(ns, handler) is a minimal, allowed sandbox input for namespace ns: one
+# container with a 1Gi memory limit, the pod's total.
 pod(ns, handler) := {
 	"version": "v1",
 	"kind": "sandbox",
@@ -29,7 +30,7 @@ pod(ns, handler) := {
 	"pod": {
 		"name": "p",
 		"runtime_handler": handler,
-		"containers": [{"name": "main", "image": "registry.local/app@sha256:00"}],
+		"containers": [{"name": "main", "image": "registry.local/app@sha256:00", "memory_bytes": 1073741824}],
 	},
 	"request": {"memory_bytes": 1073741824},
 	"usage": {"sandboxes": 0, "gpu_slices": 0, "memory_bytes": 0},
