@@ -2,7 +2,8 @@
 # description: |
 #   What the pod's containers may ask of the host: privileged mode, host
 #   namespaces, device nodes, host paths, added capabilities, host ports,
-#   sysctls and unconfined seccomp/AppArmor profiles, each limited by the
+#   sysctls, unconfined seccomp/AppArmor profiles and volume types (Pod
+#   Security "restricted"'s below trusted), each limited by the
 #   tier's settings (docs/security.md). Init, app and ephemeral containers
 #   are judged alike. Paths are judged as written: Go cleans them, but a path
 #   that is not clean and absolute is refused in every tier rather than
@@ -210,6 +211,46 @@ findings contains {
 } if {
 	some v in host_volumes
 	not host_path_allowed(v.path)
+}
+
+# Volume types, named as the pod spec's volume source field ("nfs",
+# "iscsi", "flexVolume", ...). Below trusted a pod may declare only those
+# of Kubernetes Pod Security "restricted", unless its tier lists more
+# (allowed_volume_types; "*" allows any): the others have the kubelet
+# attach and mount on the host, with the host's kernel and the node's
+# credentials, storage the pod's author names (an iSCSI target, an NFS
+# export, a FlexVolume driver's arguments), and the node counts their
+# mounts as the pod's own files. hostPath volumes are workload.host_path's.
+restricted_volume_types := [
+	"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+	"persistentVolumeClaim", "projected", "secret",
+]
+
+# A tier that leaves the key out gets "restricted"'s list.
+allowed_volume_types := object.get(settings, "allowed_volume_types", restricted_volume_types)
+
+volume_type_allowed(_) if "*" in allowed_volume_types
+
+volume_type_allowed(v) if v.type in allowed_volume_types
+
+# A node sees a volume only as a bind from the kubelet's directory of the
+# plugin that mounted it, and a PersistentVolume's plugin (csi, nfs, iscsi,
+# fc, local, flexVolume) mounts a claim's volume where it mounts an inline
+# source of its type (may_be_claim): where the tier allows claims, only the
+# webhook, which sees the pod spec, can refuse the inline source.
+volume_type_allowed(v) if {
+	v.may_be_claim == true
+	some claim in ["persistentVolumeClaim", "ephemeral"]
+	claim in allowed_volume_types
+}
+
+findings contains {
+	"rule": "workload.volume_type",
+	"message": sprintf("volume %q is of type %v; tier %q allows only volume types %v", [object.get(v, "name", ""), object.get(v, "type", ""), identity.tier_label, allowed_volume_types]),
+} if {
+	some v in volumes
+	object.get(v, "type", "") != "hostPath"
+	not volume_type_allowed(v)
 }
 
 # Capabilities, upper case without "CAP_" on both sides; "ALL" allowed by the

@@ -346,3 +346,71 @@ test_sparse_tier_locks_host_access_down if {
 		with data.bulkhead.tiers as tiers
 	rs == {"workload.host_path", "workload.capability", "workload.host_port", "workload.sysctl", "workload.unconfined"}
 }
+
+# volumes(doc, vs) declares the volumes vs, each [name, type].
+volumes(doc, vs) := object.union(doc, {"pod": {"volumes": [{"name": v[0], "type": v[1]} | some v in vs]}})
+
+# Issue 24: inline nfs, iscsi, fc, flexVolume... passed below trusted. Below
+# trusted only Pod Security "restricted"'s volume types pass; trusted
+# allows any; hostPath volumes stay workload.host_path's alone.
+test_volume_type_table if {
+	restricted := [["c", "configMap"], ["s", "csi"], ["d", "downwardAPI"], ["e", "emptyDir"], ["x", "ephemeral"], ["p", "persistentVolumeClaim"], ["j", "projected"], ["t", "secret"]]
+	cases := [
+		# [doc, volumes, rule ids]
+		[fx.agent, restricted, set()],
+		[fx.research, restricted, set()],
+		[fx.agent, [["n", "nfs"]], {"workload.volume_type"}],
+		[fx.agent, [["i", "iscsi"]], {"workload.volume_type"}],
+		[fx.research, [["f", "fc"]], {"workload.volume_type"}],
+		[fx.research, [["flex", "flexVolume"]], {"workload.volume_type"}],
+		[fx.agent, [["r", "rbd"]], {"workload.volume_type"}],
+		[fx.agent, [["g", "gitRepo"]], {"workload.volume_type"}],
+		[fx.agent, [["img", "image"]], {"workload.volume_type"}],
+		[fx.agent, [["u", "unknown"]], {"workload.volume_type"}],
+		[fx.agent, [["typeless", ""]], {"workload.volume_type"}],
+		[fx.platform, [["n", "nfs"], ["i", "iscsi"], ["flex", "flexVolume"], ["u", "unknown"]], set()],
+	]
+	every c in cases {
+		rules(volumes(c[0], c[1])) == c[2]
+	}
+
+	# hostPath is judged by its path only, in every tier.
+	rules(fx.volume(fx.agent, "h", "/")) == {"workload.host_path"}
+	rules(fx.volume(fx.platform, "h", "/var/log")) == set()
+}
+
+test_volume_type_message if {
+	messages(volumes(fx.agent, [["data", "nfs"]])) == {`volume "data" is of type nfs; tier "untrusted" allows only volume types ["configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"]`}
+}
+
+# A tier may list more types, or none; one that leaves the key out gets
+# "restricted"'s list.
+test_volume_types_from_the_tier if {
+	rules_in_standard(volumes(fx.research, [["n", "nfs"]]), {"allowed_volume_types": ["nfs"]}) == set()
+	rules_in_standard(volumes(fx.research, [["e", "emptyDir"]]), {"allowed_volume_types": []}) == {"workload.volume_type"}
+	rules_in_standard(volumes(fx.research, [["i", "iscsi"]]), {"allowed_volume_types": ["*"]}) == set()
+	sparse_tier_rules(volumes(fx.agent, [["e", "emptyDir"], ["p", "persistentVolumeClaim"]])) == set()
+	sparse_tier_rules(volumes(fx.agent, [["n", "nfs"]])) == {"workload.volume_type"}
+}
+
+sparse_tier_rules(doc) := r if {
+	r := {f.rule | some f in workload.findings} with input as doc
+		with data.bulkhead.tenants as {"agents": {"tier": "minimal", "namespaces": ["agents"]}}
+		with data.bulkhead.tiers as {"minimal": {"runtimes": ["gvisor"]}}
+}
+
+# On a node (kind container) a volume the node cannot tell from a claim's
+# (may_be_claim) passes where the tier allows claims; one of a type no
+# PersistentVolume has is judged as at admission.
+test_volume_type_on_the_node if {
+	rules(on_node(fx.agent, [{"name": "pv-1", "type": "nfs", "may_be_claim": true}])) == set()
+	rules(on_node(fx.agent, [{"name": "pv-1", "type": "iscsi", "may_be_claim": true}])) == set()
+	rules(on_node(fx.agent, [{"name": "repo", "type": "gitRepo"}])) == {"workload.volume_type"}
+	rules(on_node(fx.agent, [{"name": "img", "type": "image"}])) == {"workload.volume_type"}
+	rules(on_node(fx.agent, [{"name": "pv-1", "type": "nfs", "may_be_claim": "yes"}])) == {"workload.volume_type"}
+	claimable := [{"name": "pv-1", "type": "nfs", "may_be_claim": true}]
+	rules_in_standard(on_node(fx.research, claimable), {"allowed_volume_types": ["emptyDir"]}) == {"workload.volume_type"}
+	rules_in_standard(on_node(fx.research, claimable), {"allowed_volume_types": ["ephemeral"]}) == set()
+}
+
+on_node(doc, vs) := fx.per_container(object.union(doc, {"pod": {"volumes": vs}}))
