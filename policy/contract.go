@@ -51,8 +51,10 @@ type Pod struct {
 	HostNetwork bool `json:"host_network,omitempty"`
 	HostPID     bool `json:"host_pid,omitempty"`
 	HostIPC     bool `json:"host_ipc,omitempty"`
-	// Volumes are every volume the pod declares, mounted or not
-	// (admission only: a node sees mounts, not volumes).
+	// Volumes are every volume the pod declares, mounted or not, at
+	// admission; on a node (kind container), the volumes the container
+	// mounts, told from the kubelet's plugin directory their bind comes
+	// from (a node sees mounts, not the pod spec).
 	Volumes []Volume `json:"volumes,omitempty"`
 	// Sysctls are the kernel parameters the pod sets.
 	Sysctls map[string]string `json:"sysctls,omitempty"`
@@ -106,6 +108,11 @@ type Volume struct {
 	Type string `json:"type"`
 	// HostPath is the cleaned host path of a hostPath volume; empty otherwise.
 	HostPath string `json:"host_path,omitempty"`
+	// MayBeClaim (node only) says that Type is the plugin that mounted the
+	// volume and that a PersistentVolume may use it too: the node cannot
+	// tell a persistentVolumeClaim's (or generic ephemeral) volume from an
+	// inline source of that type.
+	MayBeClaim bool `json:"may_be_claim,omitempty"`
 }
 
 // Mount is a host path bound into a container. A pod's own files (its
@@ -143,7 +150,11 @@ type Container struct {
 	// ("Unconfined", "RuntimeDefault", "Localhost"); empty when unset.
 	SeccompProfile  string `json:"seccomp_profile,omitempty"`
 	AppArmorProfile string `json:"apparmor_profile,omitempty"`
-	// MemoryBytes is the container's memory limit; 0 when unset.
+	// MemoryBytes is the container's memory limit; 0 when unset, which
+	// quota.memory_limit_missing reads as unbounded. At admission a
+	// container without its own limit gets the pod-level limit
+	// (spec.resources), as the kubelet gives it; on a node it is the OCI
+	// spec's linux.resources.memory.limit.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	// Env is the container's environment. Rules may look at names and
 	// values; the decision log always masks the values.

@@ -117,7 +117,7 @@ func TestAstInputMatchesJSON(t *testing.T) {
 	full.Pod.Containers = append(full.Pod.Containers, Container{Name: "side", Privileged: true, Devices: []string{"/dev/kvm"}, Env: map[string]string{"K": "v"}, MemoryBytes: 5 << 40},
 		Container{Name: "debug", Ephemeral: true, Mounts: []Mount{{HostPath: "/", Path: "/host", ReadOnly: true}, {HostPath: "/var/log"}},
 			AddedCapabilities: []string{"SYS_ADMIN", "NET_RAW"}, HostPorts: []int32{80, 443}, SeccompProfile: "Unconfined", AppArmorProfile: "Unconfined"})
-	full.Pod.Volumes = []Volume{{Name: "root", Type: "hostPath", HostPath: "/"}, {Name: "scratch", Type: "emptyDir"}}
+	full.Pod.Volumes = []Volume{{Name: "root", Type: "hostPath", HostPath: "/"}, {Name: "scratch", Type: "emptyDir"}, {Name: "pv-1", Type: "nfs", MayBeClaim: true}}
 	full.Pod.Sysctls = map[string]string{"net.core.somaxconn": "1024"}
 	full.Request.RDMA = true
 	full.Pod.ResourceClaims = []ResourceClaim{

@@ -49,12 +49,13 @@ func (p *Pod) astValue() ast.Value {
 	if len(p.Volumes) > 0 {
 		vs := make([]*ast.Term, len(p.Volumes))
 		for i, v := range p.Volumes {
-			vo := ast.NewObjectWithCapacity(3)
+			vo := ast.NewObjectWithCapacity(4)
 			vo.Insert(key("name"), common(v.Name))
 			vo.Insert(key("type"), common(v.Type))
 			if v.HostPath != "" {
 				vo.Insert(key("host_path"), common(v.HostPath))
 			}
+			insertTrue(vo, "may_be_claim", v.MayBeClaim)
 			vs[i] = ast.NewTerm(vo)
 		}
 		o.Insert(key("volumes"), ast.ArrayTerm(vs...))
@@ -292,7 +293,7 @@ var keyTerms = func() map[string]*ast.Term {
 		"sandboxes", "gpu_slices", "memory_bytes", "name", "uid", "annotations", "labels",
 		"runtime_handler", "host_network", "host_pid", "host_ipc", "containers",
 		"image", "privileged", "devices", "env", "gpu", "profile", "count", "rdma",
-		"volumes", "type", "host_path", "path", "read_only", "sysctls", "ephemeral", "mounts",
+		"volumes", "type", "host_path", "may_be_claim", "path", "read_only", "sysctls", "ephemeral", "mounts",
 		"added_capabilities", "host_ports", "seccomp_profile", "apparmor_profile",
 		"gpus", "index", "model", "mig_enabled", "free_slices", "tenants",
 		"resource_claims", "claim_name", "template_name", "read", "requests", "device_class", "allocation_mode",
