@@ -214,9 +214,7 @@ func inputFor(namespace string, pod podObject, handlers HandlerResolver) (policy
 				out.HostPorts = append(out.HostPorts, p.HostPort)
 			}
 		}
-		if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
-			out.MemoryBytes = q.Value()
-		}
+		out.MemoryBytes = containerMemoryLimit(pod.Spec, c)
 		for _, e := range c.Env {
 			if out.Env == nil {
 				out.Env = make(map[string]string, len(c.Env))
@@ -317,6 +315,12 @@ func checkResources(specPath string, spec corev1.PodSpec) error {
 	}
 	for i, c := range spec.EphemeralContainers {
 		if err := check(fmt.Sprintf("%s.ephemeralContainers[%d]", specPath, i), c.Resources); err != nil {
+			return err
+		}
+	}
+	if spec.Resources != nil {
+		// The pod-level limit bounds the pod's cgroup and is what it is charged.
+		if err := check(specPath, *spec.Resources); err != nil {
 			return err
 		}
 	}
@@ -564,12 +568,7 @@ func legacyProfileType(v string) string {
 // resource limits. Errors name the annotation or resource and the rule.
 func requestOf(annotations map[string]string, spec corev1.PodSpec) (policy.Request, error) {
 	var req policy.Request
-	req.MemoryBytes = effectiveLimit(spec, func(c corev1.Container) int64 {
-		if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
-			return q.Value()
-		}
-		return 0
-	})
+	req.MemoryBytes = podMemoryLimit(spec)
 	gpus := effectiveLimit(spec, func(c corev1.Container) int64 {
 		if q, ok := limitsOf(c)[resourceGPU]; ok {
 			return q.Value()
@@ -620,6 +619,48 @@ func requestOf(annotations map[string]string, spec corev1.PodSpec) (policy.Reque
 
 	req.RDMA = ann.RDMA
 	return req, nil
+}
+
+// podMemoryLimit is the memory limit the kubelet gives the pod's cgroup
+// and containerd's io.kubernetes.cri.sandbox-memory, the node's charge:
+// the pod-level limit (spec.resources.limits.memory) when set, else the
+// containers' effective limit, where a container without one counts 0
+// (quota.memory_limit_missing judges those, container by container).
+func podMemoryLimit(spec corev1.PodSpec) int64 {
+	if n, ok := podLevelMemoryLimit(spec); ok {
+		return n
+	}
+	return effectiveLimit(spec, func(c corev1.Container) int64 {
+		if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+			return q.Value()
+		}
+		return 0
+	})
+}
+
+// podLevelMemoryLimit is spec.resources.limits.memory, when set and not 0.
+func podLevelMemoryLimit(spec corev1.PodSpec) (int64, bool) {
+	if spec.Resources == nil {
+		return 0, false
+	}
+	q, ok := spec.Resources.Limits[corev1.ResourceMemory]
+	if !ok || q.Value() <= 0 {
+		return 0, false
+	}
+	return q.Value(), true
+}
+
+// containerMemoryLimit is the memory limit container c runs with, as the
+// kubelet sets it in c's OCI spec (linux.resources.memory.limit, what the
+// node judges): c's own limit, else the pod-level limit, else 0 (none).
+// An ephemeral container can set no limit of its own (the API server
+// refuses resources on one), so it has one only through the pod's.
+func containerMemoryLimit(spec corev1.PodSpec, c corev1.Container) int64 {
+	if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok && q.Value() > 0 {
+		return q.Value()
+	}
+	n, _ := podLevelMemoryLimit(spec)
+	return n
 }
 
 // migResources reads nvidia.com/mig-<profile> limits (the device plugin's
