@@ -395,7 +395,8 @@ func (p *Pipeline) ContainerInput(sb *Sandbox, a *Admission, id string, spec *sp
 		in.Pod.Sysctls = spec.Linux.Sysctl
 	}
 	granted := p.RDMAGrant(a, sb).Devices
-	in.Pod.Containers = []policy.Container{containerOf(name, spec, p.cfg.podFiles(sb, id), granted)}
+	files := p.cfg.podFiles(sb, id)
+	in.Pod.Containers, in.Pod.Volumes = []policy.Container{containerOf(name, spec, files, granted)}, mountedVolumes(spec, files)
 	return in
 }
 

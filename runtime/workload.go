@@ -31,8 +31,9 @@ var defaultCapabilities = []string{
 
 // podFiles says which host paths are a pod's own: the files the kubelet and
 // containerd made for it (volumes, service account token, /etc/hosts,
-// termination log, resolv.conf, hostname, /dev/shm). Every other bind
-// source is a host path the policy judges.
+// termination log, resolv.conf, hostname, /dev/shm, image volumes). Every
+// other bind source is a host path the policy judges; the pod's volumes
+// are judged by their type (volumeOf).
 type podFiles struct {
 	// KubeletRoot, ContainerdRoot and ContainerdState are the node's
 	// directories (Config keys kubelet_root, containerd_root, containerd_state).
@@ -70,6 +71,10 @@ func (f podFiles) own(p string) bool {
 		if f.ContainerID != "" {
 			roots = append(roots, filepath.Join(base, criPlugin, "containers", f.ContainerID))
 		}
+	}
+	if f.ContainerdState != "" && f.SandboxID != "" {
+		// The pod's image volumes: judged by type (workload.volume_type).
+		roots = append(roots, filepath.Join(f.ContainerdState, criPlugin, imageVolumeDir, f.SandboxID))
 	}
 	return slices.ContainsFunc(roots, func(root string) bool { return under(p, root) })
 }
@@ -160,7 +165,7 @@ func hostNamespaces(spec *specs.Spec) (network, pid, ipc bool) {
 // containerOf describes what the container of spec asks of the host, as
 // the policy input's container: host bind mounts, device nodes (but not
 // those in granted, which Bulkhead itself hands out), capabilities beyond
-// containerd's default set, and privileged mode.
+// containerd's default set, privileged mode, and its memory limit.
 func containerOf(name string, spec *specs.Spec, files podFiles, granted []string) policy.Container {
 	c := policy.Container{Name: name, Image: spec.Annotations[AnnotationImageName]}
 	for _, m := range spec.Mounts {
@@ -181,6 +186,7 @@ func containerOf(name string, spec *specs.Spec, files podFiles, granted []string
 			}
 		}
 	}
+	c.MemoryBytes = memoryLimit(spec)
 	if spec.Process != nil && spec.Process.Capabilities != nil {
 		caps := spec.Process.Capabilities
 		seen := map[string]bool{}
@@ -203,6 +209,108 @@ func containerOf(name string, spec *specs.Spec, files podFiles, granted []string
 		c.Privileged = !slices.ContainsFunc(privilegedCapabilities, func(cp string) bool { return !slices.Contains(caps.Bounding, cp) })
 	}
 	return c
+}
+
+// memoryLimit is the container's memory limit in bytes, 0 for none: the
+// kubelet passes a container without a limit as 0 and containerd then
+// leaves linux.resources.memory.limit unset (a negative value, OCI's
+// "unlimited", is none too). The sandbox's io.kubernetes.cri.sandbox-memory
+// is the sum of the limits, where such a container counts 0, so only the
+// container's own spec shows that it is unbounded.
+func memoryLimit(spec *specs.Spec) int64 {
+	if spec.Linux == nil || spec.Linux.Resources == nil || spec.Linux.Resources.Memory == nil {
+		return 0
+	}
+	if l := spec.Linux.Resources.Memory.Limit; l != nil && *l > 0 {
+		return *l
+	}
+	return 0
+}
+
+// kubeletVolumePlugin is one of the kubelet's in-tree volume plugins, as
+// its directory under <kubelet root>/pods/<uid>/volumes names it (the
+// plugin's name with "/" escaped as "~").
+type kubeletVolumePlugin struct {
+	// Type is the pod spec's volume source field the plugin mounts.
+	Type string
+	// Claim says that a PersistentVolume may use the plugin too, so that a
+	// claim's volume mounts where an inline source of Type does.
+	Claim bool
+}
+
+// kubeletVolumePlugins are the in-tree plugins of the kubelet (v1.37: the
+// others moved to CSI). A FlexVolume driver's directory is
+// "<vendor>~<driver>"; hostPath binds its host path itself, and an image
+// volume is containerd's (imageVolumeDir).
+var kubeletVolumePlugins = map[string]kubeletVolumePlugin{
+	"kubernetes.io~empty-dir":    {Type: "emptyDir"},
+	"kubernetes.io~configmap":    {Type: "configMap"},
+	"kubernetes.io~secret":       {Type: "secret"},
+	"kubernetes.io~projected":    {Type: "projected"},
+	"kubernetes.io~downward-api": {Type: "downwardAPI"},
+	"kubernetes.io~git-repo":     {Type: "gitRepo"},
+	"kubernetes.io~csi":          {Type: "csi", Claim: true},
+	"kubernetes.io~nfs":          {Type: "nfs", Claim: true},
+	"kubernetes.io~iscsi":        {Type: "iscsi", Claim: true},
+	"kubernetes.io~fc":           {Type: "fc", Claim: true},
+	"kubernetes.io~local-volume": {Type: "local", Claim: true},
+}
+
+// imageVolumeDir is where containerd's CRI plugin mounts a pod's image
+// volumes: <containerd state>/io.containerd.grpc.v1.cri/image-volumes/<sandbox id>/<image>.
+const imageVolumeDir = "image-volumes"
+
+// volumeOf names the pod volume whose files the clean absolute path p
+// lies in, and its type as the pod spec would name it; ok is false when p
+// is none of the pod's volumes (its other own files, or a host path).
+func (f podFiles) volumeOf(p string) (v policy.Volume, ok bool) {
+	if f.PodUID != "" && f.KubeletRoot != "" {
+		if rest, in := strings.CutPrefix(p, filepath.Join(f.KubeletRoot, "pods", f.PodUID, "volumes")+"/"); in {
+			dir, name, _ := strings.Cut(rest, "/")
+			name, _, _ = strings.Cut(name, "/")
+			if dir == "" || name == "" {
+				return v, false
+			}
+			plugin, known := kubeletVolumePlugins[dir]
+			switch {
+			case known:
+			case !strings.HasPrefix(dir, "kubernetes.io~") && strings.Count(dir, "~") == 1:
+				plugin = kubeletVolumePlugin{Type: "flexVolume", Claim: true}
+			default:
+				plugin = kubeletVolumePlugin{Type: "unknown"}
+			}
+			return policy.Volume{Name: name, Type: plugin.Type, MayBeClaim: plugin.Claim}, true
+		}
+	}
+	if f.ContainerdState != "" && f.SandboxID != "" {
+		if rest, in := strings.CutPrefix(p, filepath.Join(f.ContainerdState, criPlugin, imageVolumeDir, f.SandboxID)+"/"); in {
+			image, _, _ := strings.Cut(rest, "/")
+			return policy.Volume{Name: image, Type: "image"}, image != ""
+		}
+	}
+	return v, false
+}
+
+// mountedVolumes lists the pod's volumes the container of spec mounts,
+// each once, told from where its bind comes from: a node sees mounts, not
+// the pod spec. What the node cannot tell apart is left to the webhook
+// and said by MayBeClaim (a claim's volume against an inline source of
+// its plugin); a volume that is not a bind (a tmpfs) is not listed.
+func mountedVolumes(spec *specs.Spec, files podFiles) []policy.Volume {
+	var out []policy.Volume
+	for _, m := range spec.Mounts {
+		if !isBind(m) {
+			continue
+		}
+		p := files.hostPath(m.Source)
+		if !filepath.IsAbs(p) {
+			continue
+		}
+		if v, ok := files.volumeOf(p); ok && !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // privilegedCapabilities are capabilities no container gets unless it is

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,6 +105,9 @@ func TestContainerOf(t *testing.T) {
 		}}, want: policy.Container{Devices: []string{"/dev/kvm", "/dev/infiniband/uverbs0"}}},
 		{name: "privileged: every capability", edit: []func(*specs.Spec){addCaps(privilegedCapabilities...)},
 			want: policy.Container{Privileged: true, AddedCapabilities: []string{"BPF", "MAC_ADMIN", "NET_ADMIN", "SYS_ADMIN", "SYS_BOOT", "SYS_MODULE", "SYS_PTRACE", "SYS_RAWIO"}}},
+		{name: "memory limit", edit: []func(*specs.Spec){withMemoryLimit(1 << 20)}, want: policy.Container{MemoryBytes: 1 << 20}},
+		{name: "no memory limit: containerd leaves it unset", edit: []func(*specs.Spec){withoutMemoryLimit}, want: policy.Container{}},
+		{name: "OCI's unlimited -1 is no limit", edit: []func(*specs.Spec){withMemoryLimit(-1)}, want: policy.Container{}},
 		{name: "a host device is named by its node, not where the container sees it", edit: []func(*specs.Spec){func(s *specs.Spec) {
 			s.Linux.Devices = []specs.LinuxDevice{{Path: "/dev/harmless", Type: "c", Major: 1, Minor: 3}, {Path: "/dev/x", Type: "c", Major: 231, Minor: 192}}
 		}}, want: policy.Container{Devices: []string{"/dev/null", "/dev/infiniband/x"}}},
@@ -264,5 +268,201 @@ func TestAdmitContainerJudgesTheSpec(t *testing.T) {
 		case err != nil && !strings.HasPrefix(err.Error(), "bulkhead refused pod "+tt.ns+"/pod"):
 			t.Errorf("refusal %q does not read like a sandbox refusal", err)
 		}
+	}
+}
+
+// withMemoryLimit sets the container's memory limit as containerd's CRI
+// plugin writes it (WithResources): the limit, swap equal to it, and the
+// CPU shares the kubelet always passes.
+func withMemoryLimit(n int64) func(*specs.Spec) {
+	return func(s *specs.Spec) {
+		shares := uint64(2)
+		s.Linux.Resources = &specs.LinuxResources{
+			CPU:    &specs.LinuxCPU{Shares: &shares},
+			Memory: &specs.LinuxMemory{Limit: &n, Swap: &n},
+		}
+	}
+}
+
+// withoutMemoryLimit is a container without a memory limit as containerd
+// writes it: the kubelet passes memory_limit_in_bytes 0, and containerd
+// leaves an empty memory section.
+func withoutMemoryLimit(s *specs.Spec) {
+	shares := uint64(2)
+	s.Linux.Resources = &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares}, Memory: &specs.LinuxMemory{}}
+}
+
+// testPipelineEnforcing is testPipeline on a copy of the default bundle
+// whose data.bulkhead.enforcement is enforcement (the signed bundle's
+// setting; the data file may not change it).
+func testPipelineEnforcing(t *testing.T, enforcement map[string]string) *Pipeline {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS("../rego")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "data.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data map[string]map[string]any
+	if err := json.Unmarshal(raw, &data); err != nil {
+		t.Fatal(err)
+	}
+	data["bulkhead"]["enforcement"] = enforcement
+	if raw, err = json.Marshal(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	cfg.Policy.Bundle = dir
+	p, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestNodeRefusesUnlimitedSidecar is issue 24's attack on the node: a 1Mi
+// container beside one without a memory limit. The kubelet sums the limits
+// into the sandbox's io.kubernetes.cri.sandbox-memory (1Mi, the unlimited
+// one counting 0), so the sandbox passes; with
+// quota.memory_limit_missing: deny the unlimited container's create is
+// refused, and by default it is allowed with the rule as a warning.
+func TestNodeRefusesUnlimitedSidecar(t *testing.T) {
+	ctx := context.Background()
+	for _, deny := range []bool{false, true} {
+		p := testPipeline(t)
+		if deny {
+			p = testPipelineEnforcing(t, map[string]string{"quota.memory_limit_missing": "deny"})
+		}
+		sb, spec := sandboxSpec("agents", "sidecar", map[string]string{AnnotationSandboxMemory: "1048576"})
+		sb.ID, sb.UID = "sb1", "uid-1" // criSpec's sandbox and pod
+		if _, err := place(t, p, sb, spec); err != nil {
+			t.Fatalf("deny=%v: the 1Mi sandbox refused: %v", deny, err)
+		}
+		main := criSpec()
+		withMemoryLimit(1 << 20)(main)
+		if err := p.AdmitContainer(ctx, sb, nil, "c1", main); err != nil {
+			t.Errorf("deny=%v: the 1Mi container refused: %v", deny, err)
+		}
+		sidecar := criSpec()
+		sidecar.Annotations[AnnotationContainerName] = "sidecar"
+		withoutMemoryLimit(sidecar)
+		err := p.AdmitContainer(ctx, sb, nil, "c2", sidecar)
+		switch {
+		case !deny && err != nil:
+			t.Errorf("warn: the unlimited sidecar refused: %v", err)
+		case deny && (err == nil || !strings.Contains(err.Error(), "[quota.memory_limit_missing] ") || !strings.Contains(err.Error(), `container "sidecar" sets no memory limit`)):
+			t.Errorf("deny: AdmitContainer of the unlimited sidecar = %v, want a refusal naming quota.memory_limit_missing and the container", err)
+		}
+		if !deny {
+			d, err := p.decider.Decide(ctx, p.ContainerInput(sb, nil, "c2", sidecar))
+			if err != nil || !slices.ContainsFunc(d.Reasons, func(r policy.Reason) bool {
+				return r.Rule == "quota.memory_limit_missing" && r.Enforcement == policy.EnforceWarn
+			}) {
+				t.Errorf("warn: decision %+v (%v) lacks quota.memory_limit_missing as a warning", d, err)
+			}
+		}
+		_ = p.Release(ctx, sb.ID)
+	}
+}
+
+// TestMountedVolumes: the node tells a pod's volumes from where the kubelet
+// bound them from (<kubelet root>/pods/<uid>/volumes/<plugin>/<name>), as
+// a real kubelet's container specs show them; a subPath is resolved first.
+func TestMountedVolumes(t *testing.T) {
+	vol := func(plugin, name string) string {
+		return "/var/lib/kubelet/pods/uid-1/volumes/" + plugin + "/" + name
+	}
+	tests := []struct {
+		name   string
+		source string
+		want   []policy.Volume // besides the token's projected volume
+	}{
+		{name: "emptyDir", source: vol("kubernetes.io~empty-dir", "scratch"), want: []policy.Volume{{Name: "scratch", Type: "emptyDir"}}},
+		{name: "configMap", source: vol("kubernetes.io~configmap", "cfg"), want: []policy.Volume{{Name: "cfg", Type: "configMap"}}},
+		{name: "secret", source: vol("kubernetes.io~secret", "creds"), want: []policy.Volume{{Name: "creds", Type: "secret"}}},
+		{name: "downwardAPI", source: vol("kubernetes.io~downward-api", "info"), want: []policy.Volume{{Name: "info", Type: "downwardAPI"}}},
+		{name: "gitRepo", source: vol("kubernetes.io~git-repo", "src"), want: []policy.Volume{{Name: "src", Type: "gitRepo"}}},
+		{name: "CSI: inline or a claim's PV", source: vol("kubernetes.io~csi", "pvc-0a1b") + "/mount", want: []policy.Volume{{Name: "pvc-0a1b", Type: "csi", MayBeClaim: true}}},
+		{name: "NFS", source: vol("kubernetes.io~nfs", "share"), want: []policy.Volume{{Name: "share", Type: "nfs", MayBeClaim: true}}},
+		{name: "iSCSI", source: vol("kubernetes.io~iscsi", "lun"), want: []policy.Volume{{Name: "lun", Type: "iscsi", MayBeClaim: true}}},
+		{name: "FC", source: vol("kubernetes.io~fc", "san"), want: []policy.Volume{{Name: "san", Type: "fc", MayBeClaim: true}}},
+		{name: "local PV", source: vol("kubernetes.io~local-volume", "pv-7"), want: []policy.Volume{{Name: "pv-7", Type: "local", MayBeClaim: true}}},
+		{name: "FlexVolume driver", source: vol("example.com~cifs", "share"), want: []policy.Volume{{Name: "share", Type: "flexVolume", MayBeClaim: true}}},
+		{name: "a plugin this table does not know", source: vol("kubernetes.io~rbd", "img"), want: []policy.Volume{{Name: "img", Type: "unknown"}}},
+		{name: "image volume", source: "/run/containerd/io.containerd.grpc.v1.cri/image-volumes/sb1/4e5f", want: []policy.Volume{{Name: "4e5f", Type: "image"}}},
+		{name: "another sandbox's image volume is not the pod's", source: "/run/containerd/io.containerd.grpc.v1.cri/image-volumes/sb2/4e5f"},
+		{name: "subPath of an emptyDir", source: "/var/lib/kubelet/pods/uid-1/volume-subpaths/scratch/main/1", want: []policy.Volume{{Name: "scratch", Type: "emptyDir"}}},
+		{name: "another pod's volume is a host path, not a volume", source: "/var/lib/kubelet/pods/uid-2/volumes/kubernetes.io~nfs/share"},
+		{name: "dot-dot out of the volumes", source: vol("kubernetes.io~empty-dir", "x") + "/../../../etc-hosts"},
+		{name: "the volumes directory itself", source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~nfs"},
+		{name: "hostPath", source: "/srv/data"},
+	}
+	token := policy.Volume{Name: "kube-api-access", Type: "projected"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec := criSpec()
+			spec.Mounts = append(spec.Mounts,
+				specs.Mount{Destination: "/data", Type: "bind", Source: tt.source, Options: []string{"rbind", "rw"}},
+				specs.Mount{Destination: "/again", Type: "bind", Source: tt.source, Options: []string{"rbind", "ro"}},
+				specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs"})
+			want := append([]policy.Volume{token}, tt.want...)
+			if got := mountedVolumes(spec, testFiles()); !reflect.DeepEqual(got, want) {
+				t.Errorf("mountedVolumes =\n %+v\nwant\n %+v", got, want)
+			}
+		})
+	}
+}
+
+// TestAdmitContainerJudgesVolumeTypes: below trusted the node refuses a
+// container mounting a volume of a type outside Pod Security
+// "restricted"'s (workload.volume_type), as the webhook does, except where
+// the volume may be a claim's: the node cannot tell an inline NFS, iSCSI,
+// FC, CSI or FlexVolume source from a persistentVolumeClaim of that
+// plugin, and the tier allows claims (only the webhook refuses those).
+func TestAdmitContainerJudgesVolumeTypes(t *testing.T) {
+	p := testPipeline(t)
+	ctx := context.Background()
+	tests := []struct {
+		ns, plugin string
+		rule       string // "" allows
+	}{
+		{"agents", "kubernetes.io~empty-dir", ""},
+		{"agents", "kubernetes.io~csi", ""},
+		{"agents", "kubernetes.io~nfs", ""},
+		{"agents", "kubernetes.io~iscsi", ""},
+		{"agents", "vendor~driver", ""},
+		{"agents", "kubernetes.io~git-repo", "workload.volume_type"},
+		{"agents", "kubernetes.io~rbd", "workload.volume_type"},
+		{"research", "kubernetes.io~git-repo", "workload.volume_type"},
+		{"platform", "kubernetes.io~git-repo", ""},
+		{"platform", "kubernetes.io~rbd", ""},
+	}
+	for _, tt := range tests {
+		sb, _ := sandboxSpec(tt.ns, "pod", nil)
+		sb.ID, sb.UID = "sb1", "uid-1"
+		spec := criSpec()
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/data", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/volumes/" + tt.plugin + "/v", Options: []string{"rbind"}})
+		err := p.AdmitContainer(ctx, sb, nil, "c1", spec)
+		switch {
+		case tt.rule == "" && err != nil:
+			t.Errorf("%s %s: refused: %v", tt.ns, tt.plugin, err)
+		case tt.rule != "" && (err == nil || !strings.Contains(err.Error(), "["+tt.rule+"] ")):
+			t.Errorf("%s %s: AdmitContainer = %v, want a refusal naming %s", tt.ns, tt.plugin, err, tt.rule)
+		}
+	}
+	// An image volume, the pod's own in containerd's state: a type below
+	// trusted, not a host path.
+	sb, _ := sandboxSpec("agents", "pod", nil)
+	sb.ID, sb.UID = "sb1", "uid-1"
+	spec := criSpec()
+	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/model", Type: "bind", Source: "/run/containerd/io.containerd.grpc.v1.cri/image-volumes/sb1/4e5f", Options: []string{"rbind", "ro"}})
+	if err := p.AdmitContainer(ctx, sb, nil, "c1", spec); err == nil || !strings.Contains(err.Error(), "[workload.volume_type] ") || strings.Contains(err.Error(), "workload.host_path") {
+		t.Errorf("image volume: AdmitContainer = %v, want workload.volume_type alone", err)
 	}
 }
