@@ -72,6 +72,11 @@
 //  12. RoCEv2 to anything else: drop (rdma).
 //  13. Peer in a shared-service CIDR of the pod's tier (DNS, API server): pass.
 //  14. Peer in the cluster CIDRs but owned by no tenant: drop (cluster).
+//     The node's own addresses are in the cluster whatever the CIDRs say
+//     (the Manager adds them when it configures the node): after the
+//     node's NAT, NodePort, LoadBalancer and host-network traffic carries
+//     them, from any tenant, so only a tier that lists them as shared
+//     services exchanges packets with them.
 //  15. Peer outside the cluster: pass, or for a pod with an egress allow-list
 //     only when listed (egress).
 //

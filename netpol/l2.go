@@ -114,6 +114,30 @@ func routerLinkLocal(host netlink.Link) (netip.Addr, error) {
 	return netip.Addr{}, nil
 }
 
+// nodeAddrs returns the addresses of the caller's network namespace (the
+// node's) of global scope, loopback excluded, as host prefixes: the
+// sources a pod sees for NodePort, LoadBalancer and host-network traffic
+// after the node's NAT, whoever sent it.
+func nodeAddrs() ([]netip.Prefix, error) {
+	as, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("node addresses: %w", err)
+	}
+	var out []netip.Prefix
+	for _, a := range as {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || a.Scope != unix.RT_SCOPE_UNIVERSE {
+			continue
+		}
+		ip = ip.Unmap()
+		if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsMulticast() || ip.IsUnspecified() {
+			continue
+		}
+		out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+	}
+	return out, nil
+}
+
 // eui64LinkLocal is fe80::/64 with the modified EUI-64 interface identifier
 // of mac (RFC 4291 appendix A).
 func eui64LinkLocal(mac net.HardwareAddr) netip.Addr {

@@ -47,9 +47,10 @@ type Options struct {
 
 // ClusterConfig is the node-wide part of the fence.
 type ClusterConfig struct {
-	// ClusterCIDRs are the cluster's pod and service ranges. An address in
-	// them that no tenant owns and no shared service covers is dropped;
-	// addresses outside them are "leaving the cluster".
+	// ClusterCIDRs are the cluster's pod and service ranges, and the node
+	// network. An address in them that no tenant owns and no shared
+	// service covers is dropped; addresses outside them are "leaving the
+	// cluster". This node's own addresses are added to them.
 	ClusterCIDRs []netip.Prefix
 	// SharedServices lists, per tier name, the CIDRs every pod of that tier
 	// may reach whatever its tenant: cluster DNS, the API server.
@@ -225,7 +226,14 @@ func (m *Manager) locked(ctx context.Context, fn func() error) error {
 // configure replaces the node-wide configuration. Caller holds the lock.
 func (m *Manager) configure(c *ClusterConfig) error {
 	d := m.dp
-	if err := d.replaceCluster(c.ClusterCIDRs); err != nil {
+	// This node's own addresses are in the cluster whatever ClusterCIDRs
+	// say: NodePort, LoadBalancer and host-network traffic reaches a pod
+	// from them after the node's NAT, from any tenant (issue 24).
+	own, err := nodeAddrs()
+	if err != nil {
+		return err
+	}
+	if err := d.replaceCluster(append(append([]netip.Prefix{}, c.ClusterCIDRs...), own...)); err != nil {
 		return err
 	}
 	tiers := make([]string, 0, len(c.SharedServices))

@@ -18,11 +18,12 @@ import (
 // on the node's address; iptables DNATs it to pod b (tenant Y) and SNATs it
 // to a node address, as kube-proxy does. The fence at b's veth sees only
 // that node address as the source: it cannot tell tenant X from an outside
-// client or the kubelet. What it does with a node address is the receiving
-// pod's tier's choice: outside cluster_cidrs the address is "outside the
-// cluster" and passes (the suspicion holds for such a configuration);
-// inside them it is owned by no tenant and passes only as a shared service
-// of the tier ("host ingress").
+// client or the kubelet. On c746b90 a node address outside cluster_cidrs
+// was "outside the cluster" and passed for a tier of any egress (the
+// suspicion held). Now this node's own addresses are in the cluster
+// whatever cluster_cidrs say, owned by no tenant: they pass only as a
+// shared service of the receiving pod's tier ("host ingress"). Another
+// node's address is in the cluster when cluster_cidrs hold the node network.
 func TestNodePortAcrossTenants(t *testing.T) {
 	n := newTestNet(t)
 	ctx := context.Background()
@@ -71,6 +72,8 @@ func TestNodePortAcrossTenants(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	otherNode := "192.0.2.20" // another node's address: not this node's
+	viaNode := map[string][]netip.Prefix{"standard": {nodeNet}} // a's tier may call NodePorts
 	for _, tc := range []struct {
 		name    string
 		snat    string // the masquerade source b sees
@@ -79,25 +82,31 @@ func TestNodePortAcrossTenants(t *testing.T) {
 		reaches bool
 	}{
 		{
-			name: "node address outside cluster_cidrs: seen as an outside client", snat: nodeIP,
-			cluster: []netip.Prefix{pods}, reaches: true,
+			// Fails on c746b90: this node's address was "outside the
+			// cluster" unless cluster_cidrs held it.
+			name: "this node's address, not in cluster_cidrs: in the cluster anyway", snat: nodeIP,
+			cluster: []netip.Prefix{pods}, shared: viaNode,
 		},
 		{
-			name: "node network in cluster_cidrs, b's tier without host ingress", snat: nodeIP,
-			cluster: []netip.Prefix{pods, nodeNet}, shared: map[string][]netip.Prefix{"standard": {node}},
+			name: "another node's address, not in cluster_cidrs: seen as an outside client", snat: otherNode,
+			cluster: []netip.Prefix{pods}, shared: viaNode, reaches: true,
 		},
 		{
-			name: "node network in cluster_cidrs, b's tier with host ingress", snat: nodeIP,
-			cluster: []netip.Prefix{pods, nodeNet}, shared: map[string][]netip.Prefix{"standard": {node}, "untrusted": {node}},
+			name: "another node's address, node network in cluster_cidrs", snat: otherNode,
+			cluster: []netip.Prefix{pods, nodeNet}, shared: viaNode,
+		},
+		{
+			name: "b's tier with host ingress", snat: nodeIP,
+			cluster: []netip.Prefix{pods, nodeNet}, shared: map[string][]netip.Prefix{"standard": {nodeNet}, "untrusted": {node}},
 			reaches: true,
 		},
 		{
 			name: "masquerade to the bridge gateway, not a shared service of b's tier", snat: gateway,
-			cluster: []netip.Prefix{pods},
+			cluster: []netip.Prefix{pods}, shared: viaNode,
 		},
 		{
 			name: "masquerade to the bridge gateway, listed for b's tier (kubelet probes)", snat: gateway,
-			cluster: []netip.Prefix{pods}, shared: map[string][]netip.Prefix{"untrusted": {gw}},
+			cluster: []netip.Prefix{pods}, shared: map[string][]netip.Prefix{"standard": {nodeNet}, "untrusted": {gw}},
 			reaches: true,
 		},
 	} {
