@@ -72,7 +72,7 @@ func TestNodePortAcrossTenants(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	otherNode := "192.0.2.20" // another node's address: not this node's
+	otherNode := "192.0.2.20"                                   // another node's address: not this node's
 	viaNode := map[string][]netip.Prefix{"standard": {nodeNet}} // a's tier may call NodePorts
 	for _, tc := range []struct {
 		name    string
