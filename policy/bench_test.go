@@ -43,7 +43,7 @@ func benchInputs() []Input {
 	overQuota := agentPod()
 	overQuota.Usage.Sandboxes = 20
 	research := agentPod()
-	research.Namespace, research.Request.GPU.Profile, research.Request.RDMA = "research", "whole", true
+	research.Namespace, research.Request.GPU, research.Request.RDMA = "research", &GPURequest{Profile: "whole", Count: 1}, true
 	research.Pod.Containers = append(research.Pod.Containers,
 		Container{Name: "sidecar", Image: "registry.local/proxy:1", MemoryBytes: 256 << 20},
 		Container{Name: "trainer", Image: "registry.local/train:2", Devices: []string{"/dev/fuse"}})

@@ -35,23 +35,23 @@ func TestDecideDefaultBundle(t *testing.T) {
 		egress   []string
 		warnings int
 	}{
-		{name: "untrusted agent with 1g slice", edit: func(in *Input) {}, allow: true, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
+		{name: "untrusted agent with 1g slice in gVisor", edit: func(in *Input) { in.Request.GPU = &GPURequest{Profile: "1g.18gb", Count: 1} }, rules: []string{"gpu.mig_in_gvisor"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
 		{name: "untrusted empty handler", edit: func(in *Input) { in.Pod.RuntimeHandler = "" }, rules: []string{"runtime.handler_required"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
 		{name: "untrusted runc", edit: func(in *Input) { in.Pod.RuntimeHandler = "runc" }, rules: []string{"runtime.runc_forbidden"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
-		{name: "untrusted whole GPU", edit: func(in *Input) { in.Request.GPU.Profile = "whole" }, rules: []string{"gpu.max_slices", "gpu.whole_forbidden", "quota.gpu_slices"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
-		{name: "untrusted 4g slice", edit: func(in *Input) { in.Request.GPU.Profile = "4g.71gb" }, rules: []string{"gpu.profile_too_large"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
-		{name: "untrusted 3g slice", edit: func(in *Input) { in.Request.GPU.Profile = "3g.71gb" }, allow: true, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
+		{name: "untrusted whole GPU", edit: func(in *Input) { in.Request.GPU = &GPURequest{Profile: "whole", Count: 1} }, rules: []string{"gpu.max_slices", "gpu.whole_forbidden", "quota.gpu_slices"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
+		{name: "untrusted 4g slice", edit: func(in *Input) { in.Request.GPU = &GPURequest{Profile: "4g.71gb", Count: 1} }, rules: []string{"gpu.mig_in_gvisor", "gpu.profile_too_large"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
+		{name: "untrusted 3g slice", edit: func(in *Input) { in.Request.GPU = &GPURequest{Profile: "3g.71gb", Count: 1} }, rules: []string{"gpu.mig_in_gvisor"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
 		{name: "untrusted RDMA", edit: func(in *Input) { in.Request.RDMA = true }, rules: []string{"rdma.forbidden"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
 		{name: "untrusted privileged", edit: func(in *Input) { in.Pod.Containers[0].Privileged = true }, rules: []string{"workload.privileged"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
 		{name: "untrusted host network", edit: func(in *Input) { in.Pod.HostNetwork = true }, rules: []string{"workload.host_namespace"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
 		{name: "untrusted unpinned image warns", edit: func(in *Input) { in.Pod.Containers[0].Image = "busybox" }, allow: true, rules: []string{"workload.image_unpinned"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}, warnings: 1},
 		{name: "sandbox quota", edit: func(in *Input) { in.Usage.Sandboxes = 20 }, rules: []string{"quota.sandboxes"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
-		{name: "GPU slice quota", edit: func(in *Input) { in.Usage.GPUSlices = 6 }, rules: []string{"quota.gpu_slices"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
+		{name: "GPU slice quota", edit: func(in *Input) { in.Usage.GPUSlices, in.Request.GPU = 6, &GPURequest{Profile: "1g.18gb", Count: 1} }, rules: []string{"gpu.mig_in_gvisor", "quota.gpu_slices"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
 		{name: "memory quota", edit: func(in *Input) { in.Usage.MemoryBytes = 64 << 30 }, rules: []string{"quota.memory"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
 		{name: "unknown namespace", edit: func(in *Input) { in.Namespace = "default"; in.Request.GPU = nil }, rules: []string{"tenant.unknown_namespace"}, runtime: RuntimeGVisor, rdma: RDMADeny, egress: []string{}},
 		{name: "identity annotation lies", edit: func(in *Input) { in.Pod.Annotations = map[string]string{"bulkhead.dev/tier": "trusted"} }, rules: []string{"identity.annotation_mismatch"}, runtime: RuntimeGVisor, tier: "untrusted", rdma: RDMADeny, egress: []string{"10.96.0.0/12"}},
 		{name: "standard whole GPU and RDMA", edit: func(in *Input) {
-			in.Namespace, in.Request.GPU.Profile, in.Request.RDMA = "research", "whole", true
+			in.Namespace, in.Request.GPU, in.Request.RDMA = "research", &GPURequest{Profile: "whole", Count: 1}, true
 		}, allow: true, runtime: RuntimeGVisor, tier: "standard", rdma: RDMAOwnVF},
 		{name: "standard runc", edit: func(in *Input) { in.Namespace, in.Pod.RuntimeHandler = "research", "runc" }, rules: []string{"runtime.runc_forbidden"}, runtime: RuntimeGVisor, tier: "standard", rdma: RDMADeny},
 		{name: "trusted runc is audited", edit: func(in *Input) { in.Namespace, in.Pod.RuntimeHandler = "platform", "runc" }, allow: true, rules: []string{"runtime.runc_used"}, runtime: RuntimeRunc, tier: "trusted", rdma: RDMADeny},

@@ -62,7 +62,9 @@ func agentPod() Input {
 			Name: "agent-1", UID: "u-1", RuntimeHandler: "bulkhead",
 			Containers: []Container{{Name: "main", Image: "registry.local/agent@sha256:0123", MemoryBytes: 1 << 30}},
 		},
-		Request: Request{GPU: &GPURequest{Profile: "1g.18gb", Count: 1}, MemoryBytes: 1 << 30},
+		// No GPU: an untrusted pod in gVisor cannot use a MIG slice
+		// (gpu.mig_in_gvisor), and the tier may not take a whole GPU.
+		Request: Request{MemoryBytes: 1 << 30},
 		Usage:   Usage{Sandboxes: 2, GPUSlices: 1, MemoryBytes: 4 << 30},
 		Node:    gpuNode(),
 	}

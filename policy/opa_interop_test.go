@@ -128,10 +128,12 @@ func TestOPABuiltSignedBundle(t *testing.T) {
 	}
 
 	inputs := map[string]func(*Input){
-		"allowed agent":     func(*Input) {},
-		"agent runc":        func(in *Input) { in.Pod.RuntimeHandler = "runc" },
-		"agent over quota":  func(in *Input) { in.Usage.Sandboxes = 25; in.Pod.Containers[0].Image = "busybox" },
-		"research whole":    func(in *Input) { in.Namespace, in.Request.GPU.Profile, in.Request.RDMA = "research", "whole", true },
+		"allowed agent":    func(*Input) {},
+		"agent runc":       func(in *Input) { in.Pod.RuntimeHandler = "runc" },
+		"agent over quota": func(in *Input) { in.Usage.Sandboxes = 25; in.Pod.Containers[0].Image = "busybox" },
+		"research whole": func(in *Input) {
+			in.Namespace, in.Request.GPU, in.Request.RDMA = "research", &GPURequest{Profile: "whole", Count: 1}, true
+		},
 		"platform runc":     func(in *Input) { in.Namespace, in.Pod.RuntimeHandler = "platform", "runc" },
 		"unknown namespace": func(in *Input) { in.Namespace = "default" },
 		"admission":         func(in *Input) { in.Kind, in.Node = KindAdmission, nil },

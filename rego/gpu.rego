@@ -3,11 +3,13 @@
 #   GPU requests: MIG profile caps per tier, whole GPUs, co-tenancy on a
 #   physical GPU and the node's free capacity. gVisor's nvproxy cannot expose
 #   MIG capabilities, so the decision also says what the node must do when a
-#   sandbox cannot use a slice (mig_in_sandbox).
+#   sandbox cannot use a slice (mig_in_sandbox), and a pod that would get
+#   no usable GPU is refused here, at admission as on the node.
 package bulkhead.gpu
 
 import data.bulkhead.contract
 import data.bulkhead.identity
+import data.bulkhead.runtime
 
 settings := identity.settings.gpu
 
@@ -89,6 +91,23 @@ findings contains {
 } if {
 	request
 	not valid_count
+}
+
+# A MIG slice cannot go into a gVisor sandbox: nvproxy passes /dev/nvidiactl,
+# /dev/nvidia-uvm and /dev/nvidiaN through but no /dev/nvidia-caps/*, the
+# capability devices a slice needs. With mig_in_sandbox "whole-gpu" the node
+# hands over a whole GPU instead; with "refuse" every node refuses the pod
+# (the shim keeps the same check, same rule id), so the bundle refuses it
+# first and the webhook does not admit a pod that no node will start. The
+# runtime is the one the pod's handler names (a handler the tier forbids is
+# refused by the runtime rules, not judged here as gVisor).
+findings contains {
+	"rule": "gpu.mig_in_gvisor",
+	"message": sprintf("profile %q is a MIG slice and the pod runs in gVisor (handler %q), whose nvproxy exposes no /dev/nvidia-caps for MIG capabilities; tier %q answers mig_in_sandbox %q, so the pod would get no usable GPU", [profile, runtime.handler, identity.tier_label, mig_in_sandbox]),
+} if {
+	known_profile
+	runtime.runtime_of_handler == "gvisor"
+	mig_in_sandbox == "refuse"
 }
 
 findings contains {

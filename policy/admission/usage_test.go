@@ -125,8 +125,8 @@ func TestReviewQuotaFromInformer(t *testing.T) {
 		allowed bool
 		want    string
 	}{
-		{name: "fits: 5+1 slices of 6, 3 of 3 sandboxes",
-			req: podRequest(t, admissionv1.Create, testPod("agents", "new-1g", "", "1g.18gb", "1Gi", "")), allowed: true},
+		{name: "fits: 3 of 3 sandboxes",
+			req: podRequest(t, admissionv1.Create, testPod("agents", "new-1g", "", "", "1Gi", "")), allowed: true},
 		{name: "over GPU quota counts both namespaces",
 			req:  podRequest(t, admissionv1.Create, testPod("agents", "new-2g", "", "2g.35gb", "1Gi", "")),
 			want: `[quota.gpu_slices] tenant "agents" holds 5 GPU compute slices; 2 more exceed its quota of 6`},
@@ -162,7 +162,7 @@ func TestReviewQuotaFromInformer(t *testing.T) {
 					return err == nil && s["agents"].Sandboxes == 0
 				})
 			},
-			req: podRequest(t, admissionv1.Create, testPod("agents", "after-delete", "", "3g.71gb", "1Gi", "")), allowed: true},
+			req: podRequest(t, admissionv1.Create, testPod("agents", "after-delete", "", "", "1Gi", "")), allowed: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
