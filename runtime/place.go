@@ -19,6 +19,10 @@ import (
 type Admission struct {
 	Decision    policy.Decision
 	Reservation *Reservation
+	// Input is the sandbox's policy input as decided, without usage and
+	// node: an update that grows the pod's memory is judged as this pod
+	// admitted again at its new size.
+	Input policy.Input
 }
 
 // SandboxTask is the task service's sandbox as Place drives it.
@@ -62,6 +66,7 @@ func (p *Pipeline) Place(ctx context.Context, sb *Sandbox, spec *specs.Spec, tas
 		if in, err = p.Input(sb, spec); err != nil {
 			return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Reasons: []policy.Reason{{Rule: "input.annotations", Message: err.Error()}}}
 		}
+		a.Input = in
 		return p.fail(StepDecide)
 	}}
 	reserve := step{name: StepReserve, do: func(ctx context.Context) error {

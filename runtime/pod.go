@@ -180,6 +180,8 @@ func (p *Pod) Create(ctx context.Context, id, bundle string, create func(sandbox
 
 // createContainer creates a workload container in the pod's sandbox.
 func (p *Pod) createContainer(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) error {
+	limits := containerLimits(id, spec)
+	create := next
 	if p.pipeline != nil {
 		// The policy judges every container as containerd wrote it: what
 		// the webhook saw may not be what runs.
@@ -202,13 +204,32 @@ func (p *Pod) createContainer(ctx context.Context, id, bundle string, spec *spec
 		if err := writeSpecIfChanged(bundle, read, spec); err != nil {
 			return err
 		}
+		// A memory limit past what the pod is charged (an update made
+		// before the container started, a pod admitted without its
+		// total) is charged before the container is created.
+		charge := chargeAfter(p.admission.Reservation.MemoryBytes, p.sandbox.Limits, id, limits.MemoryBytes)
+		if charge > p.admission.Reservation.MemoryBytes {
+			ch := ResourceChange{Container: id, Name: limits.Name, MemoryBytes: limits.MemoryBytes, Charge: charge}
+			create = func() error { return p.pipeline.Recharge(ctx, p.sandbox, p.admission, ch, next) }
+		}
 	}
-	if err := next(); err != nil {
+	if err := create(); err != nil {
 		return err
 	}
 	p.sandbox.Containers = append(p.sandbox.Containers, id)
+	p.sandbox.Limits[id] = limits
 	p.saveRecord(ctx)
 	return nil
+}
+
+// containerLimits is what the pod's record keeps of container id's
+// resources, from its OCI spec.
+func containerLimits(id string, spec *specs.Spec) ContainerLimits {
+	name := spec.Annotations[AnnotationContainerName]
+	if name == "" {
+		name = id
+	}
+	return ContainerLimits{Name: name, MemoryBytes: specMemoryLimit(spec)}
 }
 
 // saveRecord rewrites the pod's record; a failure only costs GC precision.
@@ -229,6 +250,7 @@ func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 		sb.Handler = RuncHandler
 	}
 	sb.ShimPID = os.Getpid()
+	sb.Limits = map[string]ContainerLimits{id: containerLimits(id, spec)}
 	// The record exists before anything else does, so GC can find a crash.
 	if err := p.state.Save(sb); err != nil {
 		return err
@@ -308,6 +330,7 @@ func (p *Pod) Deleted(ctx context.Context, id string) {
 		return
 	}
 	p.sandbox.Containers = slices.DeleteFunc(p.sandbox.Containers, func(c string) bool { return c == id })
+	delete(p.sandbox.Limits, id)
 	p.saveRecord(ctx)
 }
 

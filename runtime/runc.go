@@ -7,6 +7,7 @@ import (
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	runctask "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/containerd/v2/plugins"
@@ -107,6 +108,22 @@ func (t *RuncTask) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*t
 	err = t.pod.Create(ctx, r.ID, r.Bundle, func(string) error {
 		var err error
 		resp, err = t.TTRPCTaskService.Create(ctx, r)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// Update judges a change of a container's resources (CRI
+// UpdateContainerResources: an in-place resize, crictl update) against the
+// tier and the pod's charge, then lets runc apply it.
+func (t *RuncTask) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
+	var resp *ptypes.Empty
+	err := t.pod.Update(ctx, r.ID, r.Resources, func() error {
+		var err error
+		resp, err = t.TTRPCTaskService.Update(ctx, r)
 		return err
 	})
 	if err != nil {

@@ -31,6 +31,10 @@ type Sandbox struct {
 	Annotations map[string]string `json:"annotations,omitempty"`
 	// Containers are the ids of the workload containers created in the sandbox.
 	Containers []string `json:"containers,omitempty"`
+	// Limits are the live containers' limits (the sandbox container's
+	// included) as their runtime was last told, by container id: an update
+	// of a container's resources is judged against them.
+	Limits map[string]ContainerLimits `json:"limits,omitempty"`
 	// Phase is PhaseCreating until runsc created the sandbox, then PhaseCreated.
 	Phase string `json:"phase"`
 	// ShimPID is the pid of the shim process serving the pod.
@@ -38,6 +42,14 @@ type Sandbox struct {
 	CreatedAt time.Time `json:"created_at"`
 	// Tenant is the tenant the policy derived from Namespace.
 	Tenant string `json:"tenant,omitempty"`
+}
+
+// ContainerLimits is what a pod's record keeps of one container's resources.
+type ContainerLimits struct {
+	// Name is the container's name in its pod (its id outside the CRI).
+	Name string `json:"name"`
+	// MemoryBytes is its memory limit; 0 when it has none.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 }
 
 // Sandbox phases.

@@ -135,6 +135,22 @@ func createWithOptions(ctx context.Context, pod *runtime.Pod, r *task.CreateTask
 	return resp, nil
 }
 
+// Update judges a change of a container's resources (CRI
+// UpdateContainerResources: an in-place resize, crictl update) against the
+// tier and the pod's charge, then lets gVisor apply it.
+func (p *PodExtension) Update(ctx context.Context, r *task.UpdateTaskRequest) (*ptypes.Empty, error) {
+	var resp *ptypes.Empty
+	err := p.pod.Update(ctx, r.ID, r.Resources, func() error {
+		var err error
+		resp, err = p.TaskServiceExt.Update(ctx, r)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // Delete deletes a container; deleting the sandbox container drops
 // everything Bulkhead kept for the pod.
 func (p *PodExtension) Delete(ctx context.Context, r *task.DeleteRequest) (*task.DeleteResponse, error) {

@@ -49,6 +49,13 @@ func startPipelineNodeB(t testing.TB) *pipelineNode { return startPipelineNodeWi
 // and both ranges are cluster CIDRs of the fence.
 func startPipelineNodeWith(t testing.TB, dualStack bool) *pipelineNode {
 	t.Helper()
+	return startPipelineNodeTenants(t, dualStack, e2eTenants)
+}
+
+// startPipelineNodeTenants is startPipelineNodeWith with the policy data
+// tenantsJSON signed into the bundle instead of e2eTenants.
+func startPipelineNodeTenants(t testing.TB, dualStack bool, tenantsJSON string) *pipelineNode {
+	t.Helper()
 	if err := node.Requirements(node.BinDirs()); err != nil {
 		t.Skipf("e2e: %v", err)
 	}
@@ -80,7 +87,7 @@ func startPipelineNodeWith(t testing.TB, dualStack bool) *pipelineNode {
 	if dualStack {
 		subnet6 = fmt.Sprintf("fd%02x:%x:%x::/64", 0xb0+int(seq)%16, os.Getpid()%0xffff, seq)
 	}
-	extra, err := node.Pipeline{Bundle: bundle, TenantsJSON: e2eTenants, MockModel: "h200", MockGPUs: 1, PinDir: pn.pinDir,
+	extra, err := node.Pipeline{Bundle: bundle, TenantsJSON: tenantsJSON, MockModel: "h200", MockGPUs: 1, PinDir: pn.pinDir,
 		Signed: true, BinDirs: node.BinDirs(), Subnet6: subnet6}.ShimConfig(dir, subnet)
 	if err != nil {
 		t.Fatal(err)
