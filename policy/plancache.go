@@ -179,6 +179,12 @@ func (e *Engine) planCache(src sources) *planCache {
 			"dir", e.opts.PlanCacheDir, "key_file", e.opts.PlanCacheKeyFile, "error", err)
 		return nil
 	}
+	return &planCache{dir: e.opts.PlanCacheDir, key: e.planCacheName(src), secret: secret, src: src}
+}
+
+// planCacheName is the name of src's entry: a digest of everything the
+// entry's content depends on.
+func (e *Engine) planCacheName(src sources) string {
 	h := sha256.New()
 	field := func(name string, v []byte) {
 		fmt.Fprintf(h, "%s %d\n", name, len(v))
@@ -212,7 +218,7 @@ func (e *Engine) planCache(src sources) *planCache {
 	}
 	field("bundle", src.raw)
 	field("data", src.data)
-	return &planCache{dir: e.opts.PlanCacheDir, key: hex.EncodeToString(h.Sum(nil)), secret: secret, src: src}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // buildIdentity names this binary: its build info and its file, so that
@@ -245,20 +251,26 @@ func (c *planCache) load(ctx context.Context, e *Engine) *snapshot {
 		}
 		return nil
 	}
+	src := c.src
+	// An entry is no proof that the bundle verifies: its signature is
+	// checked again, on another core while the entry is read back. A
+	// bundle that fails is a miss, which the compile then refuses with
+	// OPA's own message.
+	verified := make(chan error, 1)
+	if e.vc == nil {
+		verified <- nil
+	} else {
+		go func() { verified <- verifySignature(src.raw, e.vc, e.opts.bundleLimits()) }()
+	}
 	snap, err := c.decode(raw)
+	verr := <-verified
 	if err != nil {
 		e.logger.Warn("policy plan cache entry not used; compiling the bundle", "entry", c.path(), "error", err)
 		return nil
 	}
-	src := c.src
-	if e.vc != nil {
-		// An entry is no proof that the bundle verifies: check its
-		// signature again. A bundle that fails is a miss, which the
-		// compile then refuses with OPA's own message.
-		if err := verifySignature(e.opts.BundlePath, src.raw, e.vc, e.opts.bundleLimits()); err != nil {
-			e.logger.Warn("policy plan cache entry not used: the bundle's signature does not verify; compiling the bundle", "entry", c.path(), "error", err)
-			return nil
-		}
+	if verr != nil {
+		e.logger.Warn("policy plan cache entry not used: the bundle's signature does not verify; compiling the bundle", "entry", c.path(), "error", verr)
+		return nil
 	}
 	snap.fromCache = true
 	snap.buildInterp = func(ctx context.Context) (*interpreter, error) {

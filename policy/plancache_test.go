@@ -5,14 +5,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // openCached opens opts and reports whether the bundle came from the plan
@@ -673,5 +676,89 @@ func writeKey(t *testing.T, path string, key []byte, mode os.FileMode) {
 	}
 	if err := os.Chmod(path, mode); err != nil { // past the umask
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkPlanCacheHit is what a shim's open spends on a plan cache hit
+// beyond validating its options, before and after entries were
+// authenticated (issue 24), in one run: "before" takes format 2's steps
+// (read the bundle and the data file, name the entry, read it, check a
+// SHA-256 digest of it, read its programs back); "after" is the engine's
+// hit as it is now: the same, plus reading the node's key, an HMAC in
+// place of the digest, and the bundle's signature checked again
+// (verifySignature, beside the read-back), and "verify" is that check
+// alone. The three alternate within each iteration, so that a busy
+// machine weighs on all alike; each reports its median wall time and its
+// mean CPU time (the process's, so including the collector's) per open.
+func BenchmarkPlanCacheHit(b *testing.B) {
+	opts := signedDefaultOptions(b)
+	withPlanCache(b, &opts)
+	e, err := Open(context.Background(), opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.Close()
+	raw, err := os.ReadFile(onlyEntry(b, opts))
+	if err != nil {
+		b.Fatal(err)
+	}
+	sum := sha256.Sum256(raw[sha256.Size:]) // the digest format 2 kept
+	ctx := context.Background()
+	steps := []struct {
+		name string
+		run  func() error
+	}{
+		{"before", func() error {
+			src, err := e.readSources()
+			if err != nil {
+				return err
+			}
+			c := &planCache{dir: opts.PlanCacheDir, key: e.planCacheName(src), src: src}
+			raw, err := c.read()
+			if err != nil {
+				return err
+			}
+			body := raw[sha256.Size:]
+			if sha256.Sum256(body) != sum {
+				return errors.New("digest mismatch")
+			}
+			ent, err := parsePlanCacheEntry(body)
+			if err == nil {
+				_, err = c.snapshotOf(ent)
+			}
+			return err
+		}},
+		{"after", func() error {
+			snap, err := e.load(ctx)
+			if err == nil && !snap.fromCache {
+				err = errors.New("plan cache missed")
+			}
+			return err
+		}},
+		{"verify", func() error {
+			src, err := e.readSources()
+			if err == nil {
+				err = verifySignature(src.raw, e.vc, opts.bundleLimits())
+			}
+			return err
+		}},
+	}
+	wall := make([][]time.Duration, len(steps))
+	cpu := make([]time.Duration, len(steps))
+	for i := range b.N {
+		for j := range steps {
+			k := (i + j) % len(steps) // each goes first in turn
+			cpu0, start := processCPU(), time.Now()
+			if err := steps[k].run(); err != nil {
+				b.Fatalf("%s: %v", steps[k].name, err)
+			}
+			wall[k] = append(wall[k], time.Since(start))
+			cpu[k] += processCPU() - cpu0
+		}
+	}
+	for k, step := range steps {
+		slices.Sort(wall[k])
+		b.ReportMetric(float64(wall[k][len(wall[k])/2].Microseconds())/1000, step.name+"-ms")
+		b.ReportMetric(float64(cpu[k].Microseconds())/1000/float64(b.N), step.name+"-cpu-ms")
 	}
 }

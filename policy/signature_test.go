@@ -77,7 +77,7 @@ func TestVerifySignatureAgreesWithReader(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, _, readErr := readBundleFrom(opts.BundlePath, raw, vc, opts.bundleLimits())
-			verifyErr := verifySignature(opts.BundlePath, raw, vc, opts.bundleLimits())
+			verifyErr := verifySignature(raw, vc, opts.bundleLimits())
 			if (readErr == nil) != tc.valid || (verifyErr == nil) != tc.valid {
 				t.Fatalf("OPA's reader: %v; verifySignature: %v; want valid %v", readErr, verifyErr, tc.valid)
 			}
