@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/open-policy-agent/opa/v1/bundle"
 )
 
 // signedAgents is a tenant the signed bundle of these tests defines.
@@ -247,4 +249,41 @@ func TestShippedTenantsLoad(t *testing.T) {
 		}
 		e.Close()
 	}
+}
+
+// FuzzMergeData: whatever the data file holds, merging it over a bundle
+// with signed tenants is an error or a merge that kept every signed tenant
+// as signed, never a panic.
+func FuzzMergeData(f *testing.F) {
+	raw, err := os.ReadFile(repoPath(f, "rego/data.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, seed := range []string{
+		`{"bulkhead": {"tenants": {"agents": {"egress_cidrs": ["0.0.0.0/0", "::/0"]}}}}`,
+		`{"bulkhead": {"tenants": {"bots": {"tier": "untrusted", "namespaces": ["bots"], "egress_cidrs": ["10.1.0.0/16"], "quota": {"sandboxes": 3, "memory": "1Gi"}}}}}`,
+		`{"bulkhead": {"tenants": {"agents\u0000": {"tier": "untrusted", "namespaces": ["agents"]}}}}`,
+		`{"bulkhead": {"tenants": {"bots": {"tier": "untrusted", "namespaces": [null, 1, {}], "egress_cidrs": [[]], "quota": []}}}}`,
+		`{"bulkhead": {"tenants": null}}`,
+		`{"bulkhead": {}}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, file []byte) {
+		var data map[string]any
+		if err := json.Unmarshal(raw, &data); err != nil {
+			t.Fatal(err)
+		}
+		var signed any
+		_ = json.Unmarshal([]byte(signedAgents), &signed)
+		data["bulkhead"].(map[string]any)["tenants"] = signed
+		b := &bundle.Bundle{Data: data}
+		if mergeData(b, file) != nil {
+			return
+		}
+		agents := objectAt(b.Data, "bulkhead", "tenants", "agents")
+		if len(agents) != 3 || len(agents["egress_cidrs"].([]any)) != 1 {
+			t.Fatalf("data file %q changed the signed tenant: %v", file, agents)
+		}
+	})
 }
