@@ -117,8 +117,9 @@ func routerLinkLocal(host netlink.Link) (netip.Addr, error) {
 // nodeAddrs returns the addresses of the caller's network namespace (the
 // node's) of global scope, loopback excluded, as host prefixes: the
 // sources a pod sees for NodePort, LoadBalancer and host-network traffic
-// after the node's NAT, whoever sent it.
-func nodeAddrs() ([]netip.Prefix, error) {
+// after the node's NAT, whoever sent it. Addresses inside covered are left
+// out (kube-proxy's IPVS mode puts every Service IP on the node).
+func nodeAddrs(covered []netip.Prefix) ([]netip.Prefix, error) {
 	as, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("node addresses: %w", err)
@@ -130,12 +131,21 @@ func nodeAddrs() ([]netip.Prefix, error) {
 			continue
 		}
 		ip = ip.Unmap()
-		if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsMulticast() || ip.IsUnspecified() {
+		if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsMulticast() || ip.IsUnspecified() || containedIn(ip, covered) {
 			continue
 		}
 		out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
 	}
 	return out, nil
+}
+
+func containedIn(ip netip.Addr, ps []netip.Prefix) bool {
+	for _, p := range ps {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // eui64LinkLocal is fe80::/64 with the modified EUI-64 interface identifier

@@ -229,7 +229,7 @@ func (m *Manager) configure(c *ClusterConfig) error {
 	// This node's own addresses are in the cluster whatever ClusterCIDRs
 	// say: NodePort, LoadBalancer and host-network traffic reaches a pod
 	// from them after the node's NAT, from any tenant (issue 24).
-	own, err := nodeAddrs()
+	own, err := nodeAddrs(c.ClusterCIDRs)
 	if err != nil {
 		return err
 	}
