@@ -264,23 +264,24 @@ const imageVolumeDir = "image-volumes"
 // lies in, and its type as the pod spec would name it; ok is false when p
 // is none of the pod's volumes (its other own files, or a host path).
 func (f podFiles) volumeOf(p string) (v policy.Volume, ok bool) {
-	if f.PodUID != "" && f.KubeletRoot != "" {
-		if rest, in := strings.CutPrefix(p, filepath.Join(f.KubeletRoot, "pods", f.PodUID, "volumes")+"/"); in {
-			dir, name, _ := strings.Cut(rest, "/")
-			name, _, _ = strings.Cut(name, "/")
-			if dir == "" || name == "" {
-				return v, false
-			}
-			plugin, known := kubeletVolumePlugins[dir]
-			switch {
-			case known:
-			case !strings.HasPrefix(dir, "kubernetes.io~") && strings.Count(dir, "~") == 1:
-				plugin = kubeletVolumePlugin{Type: "flexVolume", Claim: true}
-			default:
-				plugin = kubeletVolumePlugin{Type: "unknown"}
-			}
-			return policy.Volume{Name: name, Type: plugin.Type, MayBeClaim: plugin.Claim}, true
+	if volumes := filepath.Join(f.KubeletRoot, "pods", f.PodUID, "volumes"); f.PodUID != "" && f.KubeletRoot != "" && under(p, volumes) {
+		// <plugin>/<name>/...; the kubelet binds a volume's own directory,
+		// so a bind above one (every volume of a plugin, or of the pod) is
+		// of no type the policy knows and is judged as "unknown".
+		rest := strings.TrimPrefix(strings.TrimPrefix(p, volumes), "/")
+		dir, name, _ := strings.Cut(rest, "/")
+		name, _, _ = strings.Cut(name, "/")
+		plugin, known := kubeletVolumePlugins[dir]
+		switch {
+		case name == "":
+			plugin = kubeletVolumePlugin{Type: "unknown"}
+		case known:
+		case !strings.HasPrefix(dir, "kubernetes.io~") && strings.Count(dir, "~") == 1:
+			plugin = kubeletVolumePlugin{Type: "flexVolume", Claim: true}
+		default:
+			plugin = kubeletVolumePlugin{Type: "unknown"}
 		}
+		return policy.Volume{Name: name, Type: plugin.Type, MayBeClaim: plugin.Claim}, true
 	}
 	if f.ContainerdState != "" && f.SandboxID != "" {
 		if rest, in := strings.CutPrefix(p, filepath.Join(f.ContainerdState, criPlugin, imageVolumeDir, f.SandboxID)+"/"); in {

@@ -400,7 +400,8 @@ func TestMountedVolumes(t *testing.T) {
 		{name: "subPath of an emptyDir", source: "/var/lib/kubelet/pods/uid-1/volume-subpaths/scratch/main/1", want: []policy.Volume{{Name: "scratch", Type: "emptyDir"}}},
 		{name: "another pod's volume is a host path, not a volume", source: "/var/lib/kubelet/pods/uid-2/volumes/kubernetes.io~nfs/share"},
 		{name: "dot-dot out of the volumes", source: vol("kubernetes.io~empty-dir", "x") + "/../../../etc-hosts"},
-		{name: "the volumes directory itself", source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~nfs"},
+		{name: "a plugin's directory: every volume of it", source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~nfs", want: []policy.Volume{{Type: "unknown"}}},
+		{name: "the volumes directory itself", source: "/var/lib/kubelet/pods/uid-1/volumes/", want: []policy.Volume{{Type: "unknown"}}},
 		{name: "hostPath", source: "/srv/data"},
 	}
 	token := policy.Volume{Name: "kube-api-access", Type: "projected"}
