@@ -428,10 +428,11 @@ func (w webhookOperation) String() string {
 
 // TestWebhookRulesCoverReviewedResources: the shipped
 // ValidatingWebhookConfiguration sends the webhook CREATE and UPDATE of
-// pods and of every workload kind the handler reads, and UPDATE of
-// pods/ephemeralcontainers (kubectl debug), and nothing else: a resource
-// missing here is admitted unjudged, one too many is refused by the
-// handler as an unsupported kind.
+// pods and of every workload kind the handler reads, UPDATE of
+// pods/ephemeralcontainers (kubectl debug) and pods/resize (in-place
+// resize, issue 24), CREATE of DRA claims and claim templates, and nothing
+// else: a resource missing here is admitted unjudged, one too many is
+// refused by the handler as an unsupported kind.
 func TestWebhookRulesCoverReviewedResources(t *testing.T) {
 	tr := loadTree(t)
 	vwc := mustFind[*admissionregistrationv1.ValidatingWebhookConfiguration](t, tr, "bulkhead")
@@ -458,6 +459,26 @@ func TestWebhookRulesCoverReviewedResources(t *testing.T) {
 	want[webhookOperation{pods, admissionregistrationv1.Update}] = true
 	debug := schema.GroupVersionResource{Version: "v1", Resource: "pods/" + admission.SubresourceEphemeralContainers}
 	want[webhookOperation{debug, admissionregistrationv1.Update}] = true
+	resize := schema.GroupVersionResource{Version: "v1", Resource: "pods/" + admission.SubresourceResize}
+	want[webhookOperation{resize, admissionregistrationv1.Update}] = true
+	claimPlural := map[string]string{"ResourceClaim": "resourceclaims", "ResourceClaimTemplate": "resourceclaimtemplates"}
+	for _, k := range admission.ClaimKinds() {
+		res, ok := claimPlural[k.Kind]
+		if !ok {
+			t.Fatalf("claim kind %s is judged by the handler but has no resource name in this test", k)
+		}
+		want[webhookOperation{schema.GroupVersionResource{Group: k.Group, Version: k.Version, Resource: res}, admissionregistrationv1.Create}] = true
+	}
+	// Spelled out as well: the resize and the claims of issue 24.
+	for _, w := range []webhookOperation{
+		{schema.GroupVersionResource{Version: "v1", Resource: "pods/resize"}, admissionregistrationv1.Update},
+		{schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1", Resource: "resourceclaims"}, admissionregistrationv1.Create},
+		{schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1", Resource: "resourceclaimtemplates"}, admissionregistrationv1.Create},
+	} {
+		if !want[w] {
+			t.Errorf("%s is not among the operations the handler judges", w)
+		}
+	}
 
 	for w := range want {
 		if !slices.ContainsFunc(rules, func(r admissionregistrationv1.RuleWithOperations) bool { return ruleMatches(r, w) }) {

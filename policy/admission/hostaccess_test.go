@@ -18,10 +18,7 @@ import (
 // the pods/ephemeralcontainers subresource whose object is the whole pod.
 func debugRequest(t testing.TB, p *corev1.Pod) *admissionv1.AdmissionRequest {
 	t.Helper()
-	req := podRequest(t, admissionv1.Update, p)
-	req.SubResource = SubresourceEphemeralContainers
-	req.RequestSubResource = SubresourceEphemeralContainers
-	return req
+	return updateRequest(t, p, p, SubresourceEphemeralContainers)
 }
 
 // mountHostPath adds hostPath volume name for path and mounts it in the
@@ -221,8 +218,7 @@ func TestReviewSubresources(t *testing.T) {
 			if p == nil {
 				p = testPod("agents", "p", "uid-p", "", "1Gi", corev1.PodRunning)
 			}
-			req := podRequest(t, admissionv1.Update, p)
-			req.SubResource = tt.subresource
+			req := updateRequest(t, p, p, tt.subresource)
 			resp := rev.Review(context.Background(), req)
 			// The failing decider refuses whatever it judges.
 			if judged := !resp.Allowed; judged != tt.judged {

@@ -44,6 +44,9 @@ func TestReviewRefusesUnknownOperations(t *testing.T) {
 		t.Run(string(tt.op), func(t *testing.T) {
 			req := base.Request.DeepCopy()
 			req.Operation = tt.op
+			if tt.op == admissionv1.Update {
+				req.OldObject = req.Object // an UPDATE that changes nothing
+			}
 			resp := rev.Review(context.Background(), req)
 			if resp.UID != req.UID {
 				t.Errorf("uid = %q, want %q", resp.UID, req.UID)

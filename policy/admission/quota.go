@@ -309,7 +309,12 @@ func admits(dec policy.Decision) bool {
 // decide evaluates a pod against its tenant's ledger and, when the pod is
 // admitted, records its reservation in the same ledger revision the
 // decision saw. Dry runs decide on the ledger and record nothing.
-func (q *QuotaLedger) decide(ctx context.Context, r *Reviewer, req *admissionv1.AdmissionRequest, pod podObject, in policy.Input) (policy.Decision, error) {
+//
+// On an UPDATE (old is the pod it replaces) the pod is decided on the
+// ledger without its own reservation and re-charged to what it holds now,
+// never less than before (update.go): a resize that grows it is refused
+// past the quota, one that shrinks it keeps its reservation.
+func (q *QuotaLedger) decide(ctx context.Context, r *Reviewer, req *admissionv1.AdmissionRequest, pod podObject, old *podObject, in policy.Input) (policy.Decision, error) {
 	uid := string(pod.Object.UID)
 	if uid == "" {
 		return policy.Decision{}, errors.New("quota ledger: the pod has no uid (the API server sets it before validating admission)")
@@ -320,6 +325,9 @@ func (q *QuotaLedger) decide(ctx context.Context, r *Reviewer, req *admissionv1.
 	}
 	dryRun := req.DryRun != nil && *req.DryRun
 	charge := chargeOf(&corev1.Pod{ObjectMeta: pod.Meta, Spec: pod.Spec})
+	if old != nil {
+		charge = maxUsage(charge, chargeOf(&corev1.Pod{ObjectMeta: old.Meta, Spec: old.Spec}))
+	}
 	for attempt := 1; ; attempt++ {
 		l, err := q.read(ctx, r, owner)
 		if err != nil {
@@ -330,10 +338,15 @@ func (q *QuotaLedger) decide(ctx context.Context, r *Reviewer, req *admissionv1.
 		if err != nil || !admits(dec) || dryRun {
 			return dec, err
 		}
-		if old, ok := l.entries[uid]; ok && old.usage == charge {
+		held := charge
+		prev, ok := l.entries[uid]
+		if ok && old != nil {
+			held = maxUsage(held, prev.usage)
+		}
+		if ok && prev.usage == held {
 			return dec, nil // already reserved: a retry, or an update that changes nothing held
 		}
-		l.entries[uid] = reservation{namespace: req.Namespace, name: pod.Object.Name, usage: charge, at: q.now()}
+		l.entries[uid] = reservation{namespace: req.Namespace, name: pod.Object.Name, usage: held, at: q.now()}
 		err = q.write(ctx, l)
 		if err == nil {
 			return dec, nil
@@ -352,11 +365,11 @@ func (q *QuotaLedger) decide(ctx context.Context, r *Reviewer, req *admissionv1.
 
 // decideWithLedger is Reviewer's hook: pods go through the ledger when one
 // is configured, everything else straight to the decider.
-func (r *Reviewer) decideWithLedger(ctx context.Context, req *admissionv1.AdmissionRequest, gvk schema.GroupVersionKind, pod podObject, in policy.Input) (policy.Decision, error) {
+func (r *Reviewer) decideWithLedger(ctx context.Context, req *admissionv1.AdmissionRequest, gvk schema.GroupVersionKind, pod podObject, old *podObject, in policy.Input) (policy.Decision, error) {
 	if r.quota == nil || gvk != kindPod {
 		return r.decider.Decide(ctx, in)
 	}
-	return r.quota.decide(ctx, r, req, pod, in)
+	return r.quota.decide(ctx, r, req, pod, old, in)
 }
 
 // Start releases reservations until ctx ends: at once for pods the

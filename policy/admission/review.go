@@ -118,9 +118,10 @@ const SubresourceEphemeralContainers = "ephemeralcontainers"
 // the node), eviction (deletes) and scale (replica count only; every new
 // pod is judged when it is created). Every other subresource that reaches
 // the webhook is judged as the object it carries (fail closed): "" (the
-// object itself), ephemeralcontainers (adds containers) and resize (changes
-// container resources, so memory quota) among them; one whose kind Review
-// cannot read is refused.
+// object itself), ephemeralcontainers (adds containers) and resize
+// (SubresourceResize: changes container resources, so the memory quota)
+// among them; one whose kind Review cannot read is refused. The shipped
+// ValidatingWebhookConfiguration routes both of those subresources here.
 var subresourcesUnjudged = map[string]bool{"status": true, "binding": true, "eviction": true, "scale": true}
 
 // Review answers one AdmissionRequest. It never returns nil: a request it
@@ -162,6 +163,9 @@ func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 		return &admissionv1.AdmissionResponse{Allowed: true}, ResultAllowed
 	}
 	gvk := schema.GroupVersionKind(req.Kind)
+	if isClaimKind(gvk) {
+		return r.reviewClaim(ctx, req, gvk)
+	}
 	pod, err := podOf(gvk, req.Object.Raw)
 	if err != nil {
 		return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("bulkhead: %s: %v", requestSubject(req), err)), ResultError
@@ -176,6 +180,19 @@ func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 	subject := fmt.Sprintf("%s %q in namespace %q", strings.ToLower(pod.Workload), pod.Name, req.Namespace)
 	if req.SubResource != "" {
 		subject = req.SubResource + " of " + subject
+	}
+	// old is the pod an UPDATE replaces (update.go); nil for a CREATE and
+	// for workloads, whose templates only shape pods still to be judged.
+	var old *podObject
+	if req.Operation == admissionv1.Update && gvk == kindPod {
+		o, err := oldPodOf(req)
+		if err != nil {
+			return refuse(req.UID, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("bulkhead: %s: %v", subject, err)), ResultError
+		}
+		old = &o
+		if changed := requestAnnotationChanges(old.Meta.Annotations, pod.Meta.Annotations); len(changed) > 0 {
+			return r.refuseChange(ctx, req, subject, pod.Name, changed)
+		}
 	}
 
 	in, err := inputFor(req.Namespace, pod, r.handlers)
@@ -200,7 +217,7 @@ func (r *Reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 		}
 	}
 
-	dec, err := r.decideWithLedger(ctx, req, gvk, pod, in)
+	dec, err := r.decideWithLedger(ctx, req, gvk, pod, old, in)
 	if err != nil {
 		msg := fmt.Sprintf("bulkhead: %s: policy evaluation failed (fail closed): %v", subject, err)
 		if rs := formatReasons(deniesOf(dec.Reasons)); rs != "" {

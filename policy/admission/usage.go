@@ -116,6 +116,9 @@ func (u *PodUsage) set(obj any) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if old, ok := u.pods[p.UID]; ok {
+		// A live pod's charge never shrinks (update.go): a resize to less
+		// is counted as held until the pod ends.
+		c.usage = maxUsage(c.usage, old.usage)
 		u.namespaces[old.namespace] = sub(u.namespaces[old.namespace], old.usage)
 	}
 	u.pods[p.UID] = c
@@ -269,6 +272,7 @@ func trimPod(obj any) (any, error) {
 		}
 		return out
 	}
+	out.Spec.Resources = p.Spec.Resources // the pod-level limit, which requestOf charges
 	out.Spec.Containers = trim(p.Spec.Containers)
 	out.Spec.InitContainers = trim(p.Spec.InitContainers)
 	return out, nil

@@ -151,7 +151,7 @@ func TestReviewQuotaFromInformer(t *testing.T) {
 			req:  podRequest(t, admissionv1.Create, testPod("agents", "fourth", "", "", "1Gi", "")),
 			want: `[quota.sandboxes] tenant "agents" runs 3 sandboxes; one more exceeds its quota of 3`},
 		{name: "update of a counted pod does not count itself",
-			req: podRequest(t, admissionv1.Update, testPod("agents-batch", "p3", "uid-p3", "", "1Gi", corev1.PodRunning)), allowed: true},
+			req: updateRequest(t, testPod("agents-batch", "p3", "uid-p3", "", "1Gi", corev1.PodRunning), testPod("agents-batch", "p3", "uid-p3", "", "1Gi", corev1.PodRunning), ""), allowed: true},
 		{name: "a deleted pod frees its share",
 			before: func() {
 				if err := client.CoreV1().Pods("agents").Delete(ctx, "p1", metav1.DeleteOptions{}); err != nil {
