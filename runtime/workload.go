@@ -283,11 +283,12 @@ func (f podFiles) volumeOf(p string) (v policy.Volume, ok bool) {
 		}
 		return policy.Volume{Name: name, Type: plugin.Type, MayBeClaim: plugin.Claim}, true
 	}
-	if f.ContainerdState != "" && f.SandboxID != "" {
-		if rest, in := strings.CutPrefix(p, filepath.Join(f.ContainerdState, criPlugin, imageVolumeDir, f.SandboxID)+"/"); in {
-			image, _, _ := strings.Cut(rest, "/")
-			return policy.Volume{Name: image, Type: "image"}, image != ""
+	if images := filepath.Join(f.ContainerdState, criPlugin, imageVolumeDir, f.SandboxID); f.ContainerdState != "" && f.SandboxID != "" && under(p, images) {
+		image, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(p, images), "/"), "/")
+		if image == "" {
+			return policy.Volume{Type: "unknown"}, true
 		}
+		return policy.Volume{Name: image, Type: "image"}, true
 	}
 	return v, false
 }

@@ -397,6 +397,7 @@ func TestMountedVolumes(t *testing.T) {
 		{name: "a plugin this table does not know", source: vol("kubernetes.io~rbd", "img"), want: []policy.Volume{{Name: "img", Type: "unknown"}}},
 		{name: "image volume", source: "/run/containerd/io.containerd.grpc.v1.cri/image-volumes/sb1/4e5f", want: []policy.Volume{{Name: "4e5f", Type: "image"}}},
 		{name: "another sandbox's image volume is not the pod's", source: "/run/containerd/io.containerd.grpc.v1.cri/image-volumes/sb2/4e5f"},
+		{name: "every image volume of the pod", source: "/run/containerd/io.containerd.grpc.v1.cri/image-volumes/sb1", want: []policy.Volume{{Type: "unknown"}}},
 		{name: "subPath of an emptyDir", source: "/var/lib/kubelet/pods/uid-1/volume-subpaths/scratch/main/1", want: []policy.Volume{{Name: "scratch", Type: "emptyDir"}}},
 		{name: "another pod's volume is a host path, not a volume", source: "/var/lib/kubelet/pods/uid-2/volumes/kubernetes.io~nfs/share"},
 		{name: "dot-dot out of the volumes", source: vol("kubernetes.io~empty-dir", "x") + "/../../../etc-hosts"},
