@@ -10,6 +10,11 @@
 //   - It fails closed: a policy error, an undefined decision, an input it
 //     cannot read or a usage it cannot count refuses the object with a
 //     message that names the rule or field and why.
+//   - A pod's bulkhead.dev/ requests are fixed at create, and its quota
+//     reservation may grow on UPDATE (an in-place resize) but never shrink
+//     until the pod ends (update.go). DRA claims and claim templates are
+//     judged on their own at create (claims.go), so a claim swapped under
+//     a pod's reference meets the rules the pod would.
 //   - Review is a pure function of the request, the policy and the usage
 //     snapshot; the HTTP layer (Handler) only decodes, bounds and encodes.
 package admission
