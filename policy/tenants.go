@@ -109,6 +109,8 @@ func checkUnsignedTenants(signed map[string]any, tenants any) error {
 			}
 		}
 	}
+	bounds := map[string][]netip.Prefix{} // each tier's, parsed once
+	var err error
 	for _, name := range slices.Sorted(maps.Keys(obj)) {
 		if _, ok := signedTenants[name]; ok {
 			keys := "nothing"
@@ -132,7 +134,14 @@ func checkUnsignedTenants(signed map[string]any, tenants any) error {
 				return fmt.Errorf("tenant %q: namespace %q belongs to tenant %q of the signed bundle", name, ns, o)
 			}
 		}
-		if err := checkEgressBound(name, t, tierName, tier); err != nil {
+		b, ok := bounds[tierName]
+		if !ok {
+			if b, err = egressBound(tierName, tier); err != nil {
+				return err
+			}
+			bounds[tierName] = b
+		}
+		if err := checkEgressBound(name, t, tierName, b); err != nil {
 			return err
 		}
 	}
@@ -152,10 +161,14 @@ func checkTenant(name string, v any, strict bool) error {
 		return fmt.Errorf("tenant %q: want an object, got %s", name, jsonType(v))
 	}
 	if strict {
-		for _, k := range slices.Sorted(maps.Keys(t)) {
+		var unknown []string
+		for k := range t {
 			if !slices.Contains(tenantFields, k) {
-				return fmt.Errorf("tenant %q: key %q is not a tenant field (%s)", name, k, strings.Join(tenantFields, ", "))
+				unknown = append(unknown, k)
 			}
+		}
+		if len(unknown) > 0 {
+			return fmt.Errorf("tenant %q: key %q is not a tenant field (%s)", name, slices.Min(unknown), strings.Join(tenantFields, ", "))
 		}
 		for _, k := range []string{"tier", "namespaces"} {
 			if _, ok := t[k]; !ok {
@@ -225,9 +238,32 @@ func checkQuota(tenant string, v any) error {
 	return nil
 }
 
-// checkEgressBound refuses an egress allow-list with a CIDR outside the
-// tier's network.unsigned_egress_bound.
-func checkEgressBound(name string, t map[string]any, tierName string, tier map[string]any) error {
+// egressBound is the tier's network.unsigned_egress_bound, parsed; none
+// when the tier sets none.
+func egressBound(tierName string, tier map[string]any) ([]netip.Prefix, error) {
+	nw, _ := tier["network"].(map[string]any)
+	raw, ok := nw[unsignedEgressBound]
+	if !ok {
+		return nil, nil
+	}
+	items, ok := raw.([]any)
+	if !ok {
+		return nil, fmt.Errorf("tier %q network.%s: want an array of CIDRs, got %s", tierName, unsignedEgressBound, jsonType(raw))
+	}
+	bound := make([]netip.Prefix, 0, len(items))
+	for i, item := range items {
+		p, err := parseCIDR(item)
+		if err != nil {
+			return nil, fmt.Errorf("tier %q network.%s[%d]: %w", tierName, unsignedEgressBound, i, err)
+		}
+		bound = append(bound, p)
+	}
+	return bound, nil
+}
+
+// checkEgressBound refuses an egress allow-list with a CIDR outside bound,
+// the tier's network.unsigned_egress_bound.
+func checkEgressBound(name string, t map[string]any, tierName string, bound []netip.Prefix) error {
 	raw, ok := t["egress_cidrs"]
 	if !ok {
 		return nil
@@ -236,30 +272,13 @@ func checkEgressBound(name string, t map[string]any, tierName string, tier map[s
 	if !ok {
 		return fmt.Errorf("tenant %q: egress_cidrs: want an array of CIDRs, got %s", name, jsonType(raw))
 	}
-	where := fmt.Sprintf("tier %q network.%s", tierName, unsignedEgressBound)
-	var bound []netip.Prefix
-	if nw, ok := tier["network"].(map[string]any); ok {
-		if b, ok := nw[unsignedEgressBound]; ok {
-			items, ok := b.([]any)
-			if !ok {
-				return fmt.Errorf("%s: want an array of CIDRs, got %s", where, jsonType(b))
-			}
-			for i, item := range items {
-				p, err := parseCIDR(item)
-				if err != nil {
-					return fmt.Errorf("%s[%d]: %w", where, i, err)
-				}
-				bound = append(bound, p)
-			}
-		}
-	}
 	for i, item := range list {
 		p, err := parseCIDR(item)
 		if err != nil {
 			return fmt.Errorf("tenant %q: egress_cidrs[%d]: %w", name, i, err)
 		}
 		if !slices.ContainsFunc(bound, func(b netip.Prefix) bool { return within(p, b) }) {
-			return fmt.Errorf("tenant %q: egress_cidrs[%d] %s lies outside %s %v: a tenant from the unsigned data file may list only CIDRs inside its signed tier's bound", name, i, p, where, bound)
+			return fmt.Errorf("tenant %q: egress_cidrs[%d] %s lies outside tier %q network.%s %v: a tenant from the unsigned data file may list only CIDRs inside its signed tier's bound", name, i, p, tierName, unsignedEgressBound, bound)
 		}
 	}
 	return nil
