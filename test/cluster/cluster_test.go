@@ -115,6 +115,13 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("kubectl exec sandboxed -- dmesg: %v\n%s\nwant the gVisor kernel's boot messages", err, out)
 		}
 		t.Logf("$ kubectl -n agents exec sandboxed -- dmesg\n%s", out)
+
+		// Issue 24, hole 1: an in-place resize past the memory quota (64Gi).
+		out, err = ResizePastQuota(ctx, c, "agents", "sandboxed", "65Gi")
+		t.Logf("$ kubectl -n agents patch pod sandboxed --subresource resize -p '%s'\n%s", ResizePatch("65Gi"), out)
+		if err != nil {
+			t.Error(err)
+		}
 	})
 
 	t.Run("2-untrusted-pod-without-runtimeclass-rejected", func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
@@ -122,4 +123,30 @@ func StartStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 	}
 	c.OnStop(in.Close)
 	return c, in, nil
+}
+
+// ResizePatch resizes a story pod's main container in place to memory
+// (kubectl patch --subresource resize). Requests move with the limit: a
+// story pod is Guaranteed (requests default to its limits) and the API
+// server refuses a resize that would change its QoS class.
+func ResizePatch(memory string) string {
+	return fmt.Sprintf(`{"spec":{"containers":[{"name":"main","resources":{"requests":{"memory":%q},"limits":{"memory":%q}}}]}}`, memory, memory)
+}
+
+// ResizePastQuota resizes pod ns/name to memory, more than its tenant's
+// memory quota, and returns kubectl's output; the error says why the API
+// server did not refuse it as the webhook should (issue 24, hole 1: on
+// c746b90 no rule routed pods/resize to the webhook, and the resize went
+// through).
+func ResizePastQuota(ctx context.Context, c *Cluster, ns, name, memory string) (string, error) {
+	out, err := c.Kubectl(ctx, "-n", ns, "patch", "pod", name, "--subresource", "resize", "--type=strategic", "-p", ResizePatch(memory))
+	if err == nil {
+		return out, fmt.Errorf("kubectl patch --subresource resize to %s past the tenant's memory quota succeeded", memory)
+	}
+	for _, want := range []string{`admission webhook "validate.bulkhead.dev" denied the request`, "resize of pod", "[quota.memory]"} {
+		if !strings.Contains(out, want) {
+			return out, fmt.Errorf("the resize was refused, but not by the webhook's memory quota: no %q", want)
+		}
+	}
+	return out, nil
 }
