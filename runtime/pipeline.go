@@ -598,6 +598,9 @@ func (p *Pipeline) fencePod(ctx context.Context, sb *Sandbox, a *Admission) erro
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
+	if err := checkInterfaces(sb, res); err != nil {
+		return err
+	}
 	t = traceStage(ctx, "fence.netns", t)
 	ep.IPv4, ep.IPv6 = v4, v6
 	ep.AllowRDMA = d.RDMA == policy.RDMAOwnVF
