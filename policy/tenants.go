@@ -17,9 +17,8 @@ import (
 // and the rule, and nothing of the bundle or the file is used.
 //
 // Every tenant, tier and namespace name is a DNS-1123 label, wherever it
-// comes from: a tenant name becomes a fence identity, a ledger key and a
-// label on metrics, and "agents\x00" or "Agents" must never read as
-// "agents" anywhere downstream.
+// comes from: a tenant name becomes a fence identity and a quota ledger
+// key, and "agents\x00" must never read as "agents" anywhere downstream.
 //
 // The data file may add tenants, never touch one the bundle defines, and a
 // tenant it adds gets nothing its signed tier does not bound: its tier is
@@ -110,7 +109,6 @@ func checkUnsignedTenants(signed map[string]any, tenants any) error {
 		}
 	}
 	bounds := map[string][]netip.Prefix{} // each tier's, parsed once
-	var err error
 	for _, name := range slices.Sorted(maps.Keys(obj)) {
 		if _, ok := signedTenants[name]; ok {
 			keys := "nothing"
@@ -136,6 +134,7 @@ func checkUnsignedTenants(signed map[string]any, tenants any) error {
 		}
 		b, ok := bounds[tierName]
 		if !ok {
+			var err error
 			if b, err = egressBound(tierName, tier); err != nil {
 				return err
 			}
