@@ -682,8 +682,9 @@ func writeKey(t *testing.T, path string, key []byte, mode os.FileMode) {
 // BenchmarkPlanCacheHit is what a shim's open spends on a plan cache hit
 // beyond validating its options, before and after entries were
 // authenticated (issue 24), in one run: "before" takes format 2's steps
-// (read the bundle and the data file, name the entry, read it, check a
-// SHA-256 digest of it, read its programs back); "after" is the engine's
+// (fingerprint the files, read the bundle and the data file, name the
+// entry, read it, check a SHA-256 digest of it, read its programs back),
+// as Engine.load took them; "after" is the engine's
 // hit as it is now: the same, plus reading the node's key, an HMAC in
 // place of the digest, and the bundle's signature checked again
 // (verifySignature, beside the read-back), and "verify" is that check
@@ -709,6 +710,7 @@ func BenchmarkPlanCacheHit(b *testing.B) {
 		run  func() error
 	}{
 		{"before", func() error {
+			_ = fingerprint(opts.BundlePath, opts.DataPath)
 			src, err := e.readSources()
 			if err != nil {
 				return err
