@@ -73,7 +73,7 @@ const KindOther = "other"
 // kindLabels are the kind label values: the kinds Review judges, by name.
 var kindLabels = func() map[string]string {
 	out := map[string]string{}
-	for _, k := range SupportedKinds() {
+	for _, k := range append(SupportedKinds(), ClaimKinds()...) {
 		out[k.Kind] = k.Kind
 	}
 	return out

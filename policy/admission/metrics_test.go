@@ -40,7 +40,7 @@ func TestDecisionSeriesAreBounded(t *testing.T) {
 			Operation: admissionv1.Delete,
 		})
 	}
-	for _, k := range SupportedKinds() {
+	for _, k := range append(SupportedKinds(), ClaimKinds()...) {
 		requests = append(requests, &admissionv1.AdmissionRequest{
 			UID:       "uid-" + types.UID(k.Kind),
 			Kind:      metav1.GroupVersionKind{Group: k.Group, Version: k.Version, Kind: k.Kind},
@@ -68,7 +68,7 @@ func TestDecisionSeriesAreBounded(t *testing.T) {
 		}
 	}
 	want := map[string]float64{"error/" + KindOther: 5000, "allowed/" + KindOther: 100}
-	for _, k := range SupportedKinds() {
+	for _, k := range append(SupportedKinds(), ClaimKinds()...) {
 		want["allowed/"+k.Kind] = 1
 	}
 	if len(got) != len(want) {
