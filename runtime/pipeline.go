@@ -375,10 +375,7 @@ const sandboxContainerName = "sandbox"
 // container asks of the host. Quotas and GPUs were settled at sandbox
 // create, so request and usage stay empty.
 func (p *Pipeline) ContainerInput(sb *Sandbox, a *Admission, id string, spec *specs.Spec) policy.Input {
-	name := spec.Annotations[AnnotationContainerName]
-	if name == "" {
-		name = id
-	}
+	name := containerName(id, spec)
 	in := policy.Input{
 		Version:   policy.ContractVersion,
 		Kind:      policy.KindContainer,

@@ -225,11 +225,16 @@ func (p *Pod) createContainer(ctx context.Context, id, bundle string, spec *spec
 // containerLimits is what the pod's record keeps of container id's
 // resources, from its OCI spec.
 func containerLimits(id string, spec *specs.Spec) ContainerLimits {
-	name := spec.Annotations[AnnotationContainerName]
-	if name == "" {
-		name = id
+	return ContainerLimits{Name: containerName(id, spec), MemoryBytes: memoryLimit(spec)}
+}
+
+// containerName is container id's name in its pod, as containerd's CRI
+// writes it into the spec; the id outside the CRI.
+func containerName(id string, spec *specs.Spec) string {
+	if name := spec.Annotations[AnnotationContainerName]; name != "" {
+		return name
 	}
-	return ContainerLimits{Name: name, MemoryBytes: specMemoryLimit(spec)}
+	return id
 }
 
 // saveRecord rewrites the pod's record; a failure only costs GC precision.

@@ -49,15 +49,6 @@ func DecodeResources(a *anypb.Any) (*specs.LinuxResources, error) {
 	return &r, nil
 }
 
-// specMemoryLimit is the memory limit a container's OCI spec gives it; 0
-// when it has none (no limit, 0 or negative: unbounded for runc and runsc).
-func specMemoryLimit(spec *specs.Spec) int64 {
-	if spec.Linux == nil {
-		return 0
-	}
-	return memoryAfter(0, spec.Linux.Resources)
-}
-
 // memoryAfter is a container's memory limit (0: none) once r is applied to
 // it while its limit is old. runc and runsc leave a limit that r does not
 // set (memory or its limit absent, or 0) as it is, and lift it for a
