@@ -49,6 +49,18 @@
 // containerd's default set, host namespaces, sysctls — then the RDMA grant
 // and the pod's GPU. A refused container is never created.
 //
+// On every resource update (a task Update: CRI UpdateContainerResources,
+// the kubelet's in-place resize): the policy once, on the pod's memory
+// charge kept at least the sum of its live containers' limits. Growth is
+// the pod admitted again at its new size (kind sandbox, usage of the
+// tenant's other pods) in the ledger transaction that writes the new charge
+// before the runtime acts, undone if it fails; any other update is a
+// container decision, a smaller charge written once the runtime applied it.
+// A container's create whose limit takes the pod past its charge (an update
+// made before it started) is charged the same way. The fence step refuses a
+// pod whose network namespace has an interface besides the loopback and
+// eth0 that could carry traffic past the fence (network.unfenced_interface).
+//
 // On the sandbox's delete: fence entry, MIG instance, CDI spec and
 // reservation are released, then the record. What a crash leaves is repaired by GC: every
 // shim runs it when it opens the pipeline, and `bulkhead node gc` on
