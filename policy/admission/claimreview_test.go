@@ -160,3 +160,33 @@ func TestClaimReviewFailsClosed(t *testing.T) {
 		t.Errorf("update of a claim being deleted: %+v, want allowed", resp.Result)
 	}
 }
+
+// BenchmarkClaimReview: a claim costs two decisions (with and without it);
+// compare with BenchmarkPodUpdateReview, one decision plus the old pod's
+// decoding.
+func BenchmarkClaimReview(b *testing.B) {
+	rev, err := NewReviewer(Options{Decider: openEngine(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := claimRequest(b, false, "agents", "c", exactly("gpu.nvidia.com", resourcev1.DeviceAllocationModeExactCount, 1))
+	for b.Loop() {
+		if resp := rev.Review(context.Background(), req); resp.Allowed {
+			b.Fatal("allowed")
+		}
+	}
+}
+
+func BenchmarkPodUpdateReview(b *testing.B) {
+	rev, err := NewReviewer(Options{Decider: openEngine(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := testPod("agents", "p", "uid-p", "", "1Gi", corev1.PodRunning)
+	req := updateRequest(b, p, resized(p, "2Gi"), SubresourceResize)
+	for b.Loop() {
+		if resp := rev.Review(context.Background(), req); !resp.Allowed {
+			b.Fatal(resp.Result.Message)
+		}
+	}
+}
