@@ -192,3 +192,43 @@ func rewriteTarFiles(t *testing.T, path string, edit func([]tarFile) []tarFile) 
 		t.Fatal(err)
 	}
 }
+
+// FuzzVerifySignature: whatever archive a bundle file holds, the check a
+// plan cache hit runs returns an error or accepts it, never panics, and
+// never accepts what OPA's reader with verification refuses. The input is
+// the archive's tar stream (gzipped here, so that mutations reach the tar
+// and the files rather than die on the gzip checksum); the seed is the
+// signed default bundle's.
+func FuzzVerifySignature(f *testing.F) {
+	opts := signedDefaultOptions(f)
+	vc, err := opts.verificationConfig()
+	if err != nil {
+		f.Fatal(err)
+	}
+	raw, err := os.ReadFile(opts.BundlePath)
+	if err != nil {
+		f.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		f.Fatal(err)
+	}
+	tarStream, err := io.ReadAll(zr)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(tarStream)
+	lim := opts.bundleLimits()
+	f.Fuzz(func(t *testing.T, tarStream []byte) {
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		zw.Write(tarStream)
+		zw.Close()
+		if verifySignature(gz.Bytes(), vc, lim) != nil {
+			return
+		}
+		if _, _, err := readBundleFrom(opts.BundlePath, gz.Bytes(), vc, lim); err != nil {
+			t.Fatalf("verifySignature accepted an archive OPA's reader refuses: %v", err)
+		}
+	})
+}
