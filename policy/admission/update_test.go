@@ -235,3 +235,19 @@ func TestPodUsageNeverShrinks(t *testing.T) {
 		t.Errorf("after deletion: %v, want nothing", s)
 	}
 }
+
+// TestTrimPodKeepsThePodLevelLimit: the informer's trimmed pod is charged
+// what the pod itself is, a pod-level memory limit included (without it a
+// pod whose containers set none was counted at 0 bytes).
+func TestTrimPodKeepsThePodLevelLimit(t *testing.T) {
+	p := testPod("agents", "p", "uid-p", "", "1Gi", corev1.PodRunning)
+	delete(p.Spec.Containers[0].Resources.Limits, corev1.ResourceMemory)
+	p.Spec.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8Gi")}}
+	trimmed, err := trimPod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := chargeOf(trimmed.(*corev1.Pod)), chargeOf(p); got != want || want.MemoryBytes != 8<<30 {
+		t.Errorf("trimmed pod charged %+v, the pod %+v, want 8Gi both", got, want)
+	}
+}
