@@ -38,7 +38,7 @@ func testPipeline(t *testing.T) *Pipeline {
 // testConfig is a node's configuration with the default bundle, the
 // tenants of testTenants, two mock H200s and the fence off (it needs root;
 // test/e2e runs it), every file in a fresh directory.
-func testConfig(t *testing.T) Config {
+func testConfig(t testing.TB) Config {
 	t.Helper()
 	dir := t.TempDir()
 	data := filepath.Join(dir, "tenants.json")

@@ -72,7 +72,7 @@ func TestChargeAfter(t *testing.T) {
 }
 
 // resourcesAny is a task update's resources as containerd sends them.
-func resourcesAny(t *testing.T, r *specs.LinuxResources) *anypb.Any {
+func resourcesAny(t testing.TB, r *specs.LinuxResources) *anypb.Any {
 	t.Helper()
 	data, err := json.Marshal(r)
 	if err != nil {
@@ -115,7 +115,7 @@ type updatePod struct {
 	dir string
 }
 
-func newUpdatePod(t *testing.T, pl *Pipeline, name string, total, app int64) *updatePod {
+func newUpdatePod(t testing.TB, pl *Pipeline, name string, total, app int64) *updatePod {
 	t.Helper()
 	p, err := NewPod(PodOptions{Config: pl.cfg, Runtime: policy.RuntimeGVisor, DeleteTask: func(context.Context, string) error { return nil }})
 	if err != nil {
@@ -336,5 +336,29 @@ func TestPodUpdateLimitMissingFollowsEnforcement(t *testing.T) {
 	err = up.Update(context.Background(), "strict-app", resourcesAny(t, memoryResources(-1)), func() error { applied++; return nil })
 	if err == nil || !strings.Contains(err.Error(), "[quota.memory_limit_missing] ") || applied != 0 || up.charged(t) != 2*gi {
 		t.Fatalf("lifting the limit under deny: %v, applied %d, charge %d; want a [quota.memory_limit_missing] refusal and nothing changed", err, applied, up.charged(t))
+	}
+}
+
+// BenchmarkPodUpdate is what judging a task update adds before the runtime
+// applies it: growth (the pod admitted again, in a ledger transaction
+// written before) and a shrink (a container decision, the ledger written
+// after), alternately.
+func BenchmarkPodUpdate(b *testing.B) {
+	pl, err := OpenPipeline(context.Background(), testConfig(b), policy.RuntimeGVisor)
+	if err != nil {
+		b.Fatal(err)
+	}
+	up := newUpdatePod(b, pl, "bench", 2*gi, 2*gi)
+	grow, shrink := resourcesAny(b, memoryResources(3*gi)), resourcesAny(b, memoryResources(2*gi))
+	i := 0
+	for b.Loop() {
+		r := grow
+		if i%2 == 1 {
+			r = shrink
+		}
+		i++
+		if err := up.Update(context.Background(), "bench-app", r, func() error { return nil }); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
