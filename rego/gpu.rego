@@ -93,6 +93,18 @@ findings contains {
 	not valid_count
 }
 
+# A node places one GPU or MIG slice per pod (its shim refuses more with the
+# same rule id): the bundle says so at admission too, so that the webhook
+# does not admit a pod that every node refuses. Several slices per pod wait
+# for the DRA driver, which allocates per claim.
+findings contains {
+	"rule": "gpu.count",
+	"message": sprintf("bulkhead.dev/gpu-count %v: one GPU or slice per pod is supported (a node places one)", [gpu_count]),
+} if {
+	valid_count
+	gpu_count > 1
+}
+
 # A MIG slice cannot go into a gVisor sandbox: nvproxy passes /dev/nvidiactl,
 # /dev/nvidia-uvm and /dev/nvidiaN through but no /dev/nvidia-caps/*, the
 # capability devices a slice needs. With mig_in_sandbox "whole-gpu" the node

@@ -22,7 +22,7 @@ test_profile_table if {
 		[agent_runc, "4g.71gb", 1, {"gpu.profile_too_large"}],
 		[agent_runc, "7g.141gb", 1, {"gpu.profile_too_large"}],
 		[agent_runc, "whole", 1, {"gpu.whole_forbidden"}],
-		[agent_runc, "2g.35gb", 4, {"gpu.max_slices", "gpu.no_capacity"}],
+		[agent_runc, "2g.35gb", 4, {"gpu.max_slices", "gpu.no_capacity", "gpu.count"}],
 		[agent_runc, "9g.1tb", 1, {"gpu.profile_unknown"}],
 		[agent_runc, "1g.18gb", 0, {"gpu.count_invalid"}],
 		[agent_runc, "1g.18gb", 1.5, {"gpu.count_invalid"}],
@@ -36,7 +36,7 @@ test_profile_table if {
 		[fx.agent, "1g.18gb", 0, {"gpu.count_invalid", "gpu.mig_in_gvisor"}],
 		[fx.research, "7g.141gb", 1, set()],
 		[fx.research, "whole", 1, set()],
-		[fx.research, "whole", 3, {"gpu.no_capacity"}],
+		[fx.research, "whole", 3, {"gpu.no_capacity", "gpu.count"}],
 		[fx.platform, "whole", 1, set()],
 	]
 	every c in cases {
@@ -98,8 +98,16 @@ test_exclusive_tier_skips_gpus_of_other_tenants if {
 }
 
 test_admission_skips_node_capacity if {
-	doc := object.remove(object.union(fx.with_gpu(fx.research, "whole", 4), {"kind": "admission"}), ["node"])
+	doc := object.remove(object.union(fx.with_gpu(fx.research, "whole", 1), {"kind": "admission"}), ["node"])
 	rules(doc) == set()
+}
+
+test_one_gpu_per_pod if {
+	rules(fx.with_gpu(fx.research, "whole", 1)) == set()
+	rules(fx.with_gpu(fx.research, "whole", 2)) == {"gpu.count"}
+	rules(fx.with_gpu(agent_runc, "1g.18gb", 2)) == {"gpu.count"}
+	admission := object.remove(object.union(fx.with_gpu(fx.research, "7g.141gb", 2), {"kind": "admission"}), ["node"])
+	rules(admission) == {"gpu.count"}
 }
 
 test_sandbox_without_node_refused if {

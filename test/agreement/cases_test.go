@@ -172,6 +172,7 @@ const (
 	rWhole         = "gpu.whole_forbidden"
 	rUnknownGPU    = "gpu.profile_unknown"
 	rMaxSlices     = "gpu.max_slices"
+	rGPUCount      = "gpu.count"
 	// rAnnotationImmutable is the webhook's own (policy/admission, not the bundle).
 	rAnnotationImmutable = "request.annotation_immutable"
 )
@@ -436,6 +437,10 @@ func gpuRules(tier, handler, profile string, count, quota int) []string {
 			r = append(r, rMIGInGVisor)
 		}
 	}
+	if count > 1 {
+		// A node places one GPU or slice per pod; the bundle says so too.
+		r = append(r, rGPUCount)
+	}
 	if n*count > s.maxSlices {
 		r = append(r, rMaxSlices)
 	}
@@ -467,12 +472,6 @@ func gpuCases() []agreeCase {
 				annotate("bulkhead.dev/gpu-profile", q.profile)(c.Pod)
 				if q.count != 1 {
 					annotate("bulkhead.dev/gpu-count", fmt.Sprint(q.count))(c.Pod)
-				}
-				if len(rules) == 0 && q.count != 1 {
-					// Admitted by the bundle, refused by every node: its
-					// placement takes one GPU or slice per pod (gpu.count).
-					// Not a matter of visibility: one side must move.
-					c.Pending = "issue 24 agreement table: the node places one GPU per pod (gpu.count), the bundle admits bulkhead.dev/gpu-count up to the tier's slices; the lead decides which side moves"
 				}
 				out = append(out, c)
 			}
