@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/log"
@@ -52,10 +53,22 @@ func DecodeResources(a *anypb.Any) (*specs.LinuxResources, error) {
 // memoryAfter is a container's memory limit (0: none) once r is applied to
 // it while its limit is old. runc and runsc leave a limit that r does not
 // set (memory or its limit absent, or 0) as it is, and lift it for a
-// negative one (-1: unbounded).
+// negative one (-1: unbounded). On cgroup v2 runc writes r.Unified's files
+// last, so a "memory.max" there is the limit whatever memory.limit says:
+// a plain byte count is read as one, anything else ("max", a suffix, a
+// second line) as none (cgroup v1 refuses unified entries altogether).
 func memoryAfter(old int64, r *specs.LinuxResources) int64 {
+	if r == nil {
+		return old
+	}
+	if v, ok := r.Unified[unifiedMemoryMax]; ok {
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n > 0 {
+			return n
+		}
+		return 0
+	}
 	switch {
-	case r == nil || r.Memory == nil || r.Memory.Limit == nil || *r.Memory.Limit == 0:
+	case r.Memory == nil || r.Memory.Limit == nil || *r.Memory.Limit == 0:
 		return old
 	case *r.Memory.Limit < 0:
 		return 0
@@ -63,6 +76,11 @@ func memoryAfter(old int64, r *specs.LinuxResources) int64 {
 		return *r.Memory.Limit
 	}
 }
+
+// unifiedMemoryMax is cgroup v2's memory limit file, as a key of
+// linux.resources.unified (which CRI's LinuxContainerResources.unified
+// fills).
+const unifiedMemoryMax = "memory.max"
 
 // chargeAfter is the pod's memory charge once container id's memory limit
 // is limit (0: none), given the pod's charge and its live containers'

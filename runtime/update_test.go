@@ -37,12 +37,27 @@ func TestMemoryAfter(t *testing.T) {
 		{name: "no limit leaves it", old: 2 * gi, r: &specs.LinuxResources{Memory: &specs.LinuxMemory{}}, want: 2 * gi},
 		{name: "CPU only leaves it", old: 2 * gi, r: &specs.LinuxResources{CPU: &specs.LinuxCPU{}}, want: 2 * gi},
 		{name: "CPU only leaves none", old: 0, r: &specs.LinuxResources{CPU: &specs.LinuxCPU{}}, want: 0},
+		{name: "unified memory.max lifts past memory.limit", old: 2 * gi, r: withUnified(limit(2*gi), "max"), want: 0},
+		{name: "unified memory.max bytes", old: 2 * gi, r: withUnified(limit(2*gi), "4294967296"), want: 4 * gi},
+		{name: "unified memory.max alone", old: 2 * gi, r: withUnified(&specs.LinuxResources{}, "1073741824\n"), want: gi},
+		{name: "unified memory.max with a suffix is none", old: 2 * gi, r: withUnified(nil, "1G"), want: 0},
+		{name: "unified memory.max on two lines is none", old: 2 * gi, r: withUnified(nil, "1073741824\nmax"), want: 0},
+		{name: "unified without memory.max", old: 2 * gi, r: &specs.LinuxResources{Unified: map[string]string{"memory.high": "max"}}, want: 2 * gi},
 	}
 	for _, tt := range tests {
 		if got := memoryAfter(tt.old, tt.r); got != tt.want {
 			t.Errorf("%s: memoryAfter(%d) = %d, want %d", tt.name, tt.old, got, tt.want)
 		}
 	}
+}
+
+// withUnified is r (or empty resources) with unified memory.max set to v.
+func withUnified(r *specs.LinuxResources, v string) *specs.LinuxResources {
+	if r == nil {
+		r = &specs.LinuxResources{}
+	}
+	r.Unified = map[string]string{"memory.max": v}
+	return r
 }
 
 func TestChargeAfter(t *testing.T) {

@@ -216,15 +216,13 @@ func containerOf(name string, spec *specs.Spec, files podFiles, granted []string
 // leaves linux.resources.memory.limit unset (a negative value, OCI's
 // "unlimited", is none too). The sandbox's io.kubernetes.cri.sandbox-memory
 // is the sum of the limits, where such a container counts 0, so only the
-// container's own spec shows that it is unbounded.
+// container's own spec shows that it is unbounded. A unified memory.max
+// (cgroup v2) overrides the limit, as runc writes it last (memoryAfter).
 func memoryLimit(spec *specs.Spec) int64 {
-	if spec.Linux == nil || spec.Linux.Resources == nil || spec.Linux.Resources.Memory == nil {
+	if spec.Linux == nil {
 		return 0
 	}
-	if l := spec.Linux.Resources.Memory.Limit; l != nil && *l > 0 {
-		return *l
-	}
-	return 0
+	return memoryAfter(0, spec.Linux.Resources)
 }
 
 // kubeletVolumePlugin is one of the kubelet's in-tree volume plugins, as
