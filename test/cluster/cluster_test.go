@@ -116,9 +116,9 @@ func TestCluster(t *testing.T) {
 		}
 		t.Logf("$ kubectl -n agents exec sandboxed -- dmesg\n%s", out)
 
-		// Issue 24, hole 1: an in-place resize past the memory quota (64Gi).
-		out, err = ResizePastQuota(ctx, c, "agents", "sandboxed", "65Gi")
-		t.Logf("$ kubectl -n agents patch pod sandboxed --subresource resize -p '%s'\n%s", ResizePatch("65Gi"), out)
+		// Issue 24, hole 1: an in-place resize past the memory quota (2Gi).
+		out, err = ResizePastQuota(ctx, c, "agents", "sandboxed", "3Gi")
+		t.Logf("$ kubectl -n agents patch pod sandboxed --subresource resize -p '%s'\n%s", ResizePatch("3Gi"), out)
 		if err != nil {
 			t.Error(err)
 		}
@@ -134,6 +134,17 @@ func TestCluster(t *testing.T) {
 			if !strings.Contains(out, want) {
 				t.Errorf("error lacks %q", want)
 			}
+		}
+	})
+
+	t.Run("2b-dra-claim-judged-by-the-tier", func(t *testing.T) {
+		out, err := CreateClaim(ctx, c, GPUClaim("all-gpus", "agents"), false)
+		t.Logf("$ kubectl create -f all-gpus-claim.yaml   (namespace agents)\n%s", out)
+		if err == nil || !strings.Contains(out, `admission webhook "validate.bulkhead.dev" denied the request`) || !strings.Contains(out, "[gpu.dra_forbidden]") {
+			t.Errorf("an untrusted tenant's claim for every GPU: err %v, want the webhook's [gpu.dra_forbidden]", err)
+		}
+		if out, err := CreateClaim(ctx, c, GPUClaim("all-gpus", "platform"), true); err != nil {
+			t.Errorf("the same claim of a trusted tenant (server dry run): %v\n%s", err, out)
 		}
 	})
 

@@ -10,13 +10,15 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
-// Tenants of the story the test and the demo tell: agents (untrusted) for
-// the sandbox, the refusals and the operator's mistake, batch (untrusted, a
-// sandbox quota of 3) for the Deployment, platform (trusted) for runc with
-// a MIG slice.
+// Tenants of the story the test and the demo tell: agents (untrusted, a
+// memory quota of 2Gi) for the sandbox, the refusals, the in-place resize
+// and the operator's mistake, batch (untrusted, a sandbox quota of 3) for
+// the Deployment, platform (trusted) for runc with a MIG slice. The memory
+// quota stays below the node's allocatable memory: the API server itself
+// refuses a resize past that, before any webhook.
 const Tenants = `{"bulkhead": {"tenants": {
   "agents":   {"tier": "untrusted", "namespaces": ["agents"], "egress_cidrs": ["10.96.0.0/12"],
-               "quota": {"sandboxes": 10, "gpu_slices": 6, "memory": "64Gi"}},
+               "quota": {"sandboxes": 10, "gpu_slices": 6, "memory": "2Gi"}},
   "batch":    {"tier": "untrusted", "namespaces": ["batch"],
                "quota": {"sandboxes": 3, "gpu_slices": 0, "memory": "64Gi"}},
   "platform": {"tier": "trusted", "namespaces": ["platform"]}
@@ -149,4 +151,34 @@ func ResizePastQuota(ctx context.Context, c *Cluster, ns, name, memory string) (
 		}
 	}
 	return out, nil
+}
+
+// GPUClaim is a DRA ResourceClaim asking for every device of the GPU class
+// gpu.nvidia.com (no DeviceClass need exist for the API server to store it).
+func GPUClaim(name, ns string) string {
+	return fmt.Sprintf(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  devices:
+    requests:
+      - name: gpus
+        exactly:
+          deviceClassName: gpu.nvidia.com
+          allocationMode: All
+`, name, ns)
+}
+
+// CreateClaim creates manifest, a ResourceClaim, with kubectl (a server
+// dry run when dryRun) and returns its output. Issue 24: claims are judged
+// on their own, so one a pod's tier refuses cannot be swapped in under a
+// name the pod already references.
+func CreateClaim(ctx context.Context, c *Cluster, manifest string, dryRun bool) (string, error) {
+	args := []string{"create", "-f", "-"}
+	if dryRun {
+		args = append(args, "--dry-run=server")
+	}
+	return c.KubectlStdin(ctx, manifest, args...)
 }
