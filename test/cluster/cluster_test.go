@@ -122,6 +122,12 @@ func TestCluster(t *testing.T) {
 		if err != nil {
 			t.Error(err)
 		}
+		// Issue 24, hole 3: a request annotation is fixed at create.
+		out, err = kubectl("-n", "agents", "annotate", "pod", "sandboxed", "bulkhead.dev/gpu-profile=1g.18gb")
+		t.Logf("$ kubectl -n agents annotate pod sandboxed bulkhead.dev/gpu-profile=1g.18gb\n%s", out)
+		if err == nil || !strings.Contains(out, "[request.annotation_immutable]") {
+			t.Errorf("annotating a running pod with a GPU request: err %v, want the webhook's [request.annotation_immutable]", err)
+		}
 	})
 
 	t.Run("2-untrusted-pod-without-runtimeclass-rejected", func(t *testing.T) {
