@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -162,10 +163,14 @@ func TestResizeIsJudgedAgainstTheLedger(t *testing.T) {
 func TestRequestAnnotationsImmutable(t *testing.T) {
 	rev, store := ledgerReviewer(t)
 	const ledger = "bulkhead-quota-t-research"
-	// research: standard tier, 28 GPU slices = 4 whole GPUs.
+	// research: standard tier, 28 GPU slices = 4 whole GPUs, one per pod.
 	g1 := testPod("research", "g1", "uid-g1", policy.ProfileWhole, "8Gi", corev1.PodRunning)
-	g1.Annotations[policy.AnnotationGPUCount] = "4"
-	g2 := testPod("research", "g2", "uid-g2", policy.ProfileWhole, "8Gi", "")
+	g1.Annotations[policy.AnnotationGPUCount] = "1"
+	whole := func(i int) func(t *testing.T) *admissionv1.AdmissionRequest {
+		return func(t *testing.T) *admissionv1.AdmissionRequest {
+			return podRequest(t, admissionv1.Create, testPod("research", fmt.Sprintf("g%d", i), fmt.Sprintf("uid-g%d", i), policy.ProfileWhole, "8Gi", ""))
+		}
+	}
 	slices := func(want int) func(t *testing.T) {
 		return func(t *testing.T) {
 			v, ok := store.entries(ledger)["uid-g1"]
@@ -184,16 +189,18 @@ func TestRequestAnnotationsImmutable(t *testing.T) {
 	}
 	immutable := "[" + RuleRequestAnnotationImmutable + "]"
 	runSteps(t, rev, []updateStep{
-		{name: "create g1 with 4 whole GPUs (28 of 28 slices)", req: func(t *testing.T) *admissionv1.AdmissionRequest { return podRequest(t, admissionv1.Create, g1) }, allowed: true, check: slices(28)},
+		{name: "create g1 with a whole GPU (7 slices)", req: func(t *testing.T) *admissionv1.AdmissionRequest { return podRequest(t, admissionv1.Create, g1) }, allowed: true, check: slices(7)},
+		{name: "g2 (14 of 28 slices)", req: whole(2), allowed: true},
+		{name: "g3 (21 of 28 slices)", req: whole(3), allowed: true},
+		{name: "g4 (28 of 28 slices)", req: whole(4), allowed: true},
 		{name: "remove the GPU annotations", req: edit(func(a map[string]string) {
 			delete(a, policy.AnnotationGPUProfile)
 			delete(a, policy.AnnotationGPUCount)
 		}), want: []string{`pod "g1" in namespace "research" (tenant "research", tier "standard"`, immutable,
-			`annotation bulkhead.dev/gpu-count removed (was "4")`, `annotation bulkhead.dev/gpu-profile removed (was "whole")`}, check: slices(28)},
-		{name: "the quota still holds g1's GPUs", req: func(t *testing.T) *admissionv1.AdmissionRequest { return podRequest(t, admissionv1.Create, g2) },
-			want: []string{"[quota.gpu_slices]"}},
-		{name: "change the count", req: edit(func(a map[string]string) { a[policy.AnnotationGPUCount] = "1" }),
-			want: []string{immutable, `bulkhead.dev/gpu-count changed from "4" to "1"`}, check: slices(28)},
+			`annotation bulkhead.dev/gpu-count removed (was "1")`, `annotation bulkhead.dev/gpu-profile removed (was "whole")`}, check: slices(7)},
+		{name: "the quota still holds g1's GPU", req: whole(5), want: []string{"[quota.gpu_slices]"}},
+		{name: "change the profile", req: edit(func(a map[string]string) { a[policy.AnnotationGPUProfile] = "1g.18gb" }),
+			want: []string{immutable, `bulkhead.dev/gpu-profile changed from "whole" to "1g.18gb"`}, check: slices(7)},
 		{name: "add an RDMA request", req: edit(func(a map[string]string) { a[policy.AnnotationRDMA] = "true" }),
 			want: []string{immutable, `bulkhead.dev/rdma added ("true")`}},
 		{name: "add an identity annotation that agrees with the namespace", req: edit(func(a map[string]string) { a["bulkhead.dev/tenant"] = "research" }),
@@ -201,8 +208,8 @@ func TestRequestAnnotationsImmutable(t *testing.T) {
 		{name: "any key under the prefix", req: edit(func(a map[string]string) { a["bulkhead.dev/future-request"] = "x" }),
 			want: []string{immutable}},
 		{name: "a value no pod may hold is refused for the change alone", req: edit(func(a map[string]string) { a[policy.AnnotationGPUCount] = "9999" }),
-			want: []string{immutable, `changed from "4" to "9999"`}, notWant: []string{"[gpu.", "[quota."}},
-		{name: "other annotations change freely", req: edit(func(a map[string]string) { a["example.com/owner"] = "team-b" }), allowed: true, check: slices(28)},
+			want: []string{immutable, `changed from "1" to "9999"`}, notWant: []string{"[gpu.", "[quota."}},
+		{name: "other annotations change freely", req: edit(func(a map[string]string) { a["example.com/owner"] = "team-b" }), allowed: true, check: slices(7)},
 	})
 
 	// An UPDATE the API server would never send, without the old pod, is
