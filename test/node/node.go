@@ -368,7 +368,34 @@ enabled = %t
 	if err := n.importImages(ctx); err != nil {
 		return nil, err
 	}
+	if err := n.waitForImages(ctx); err != nil {
+		return nil, err
+	}
 	return n, nil
+}
+
+// waitForImages returns once the CRI plugin knows the imported images.
+// ctr writes them to containerd's image store; the CRI plugin learns of
+// them from the store's events, asynchronously, and a RunPodSandbox that
+// comes first finds no pause image and tries to pull it (no registry here:
+// "failed to pull image bulkhead.local/pause:v1").
+func (n *Node) waitForImages(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for _, ref := range []string{images.PauseImage, images.WorkloadImage} {
+		for {
+			st, err := n.Images.ImageStatus(ctx, &cri.ImageStatusRequest{Image: &cri.ImageSpec{Image: ref}})
+			if err == nil && st.GetImage() != nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("image %s imported but not seen by the CRI plugin within 30s (last error: %v)", ref, err)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	return nil
 }
 
 // upstreamRunscOptions is the options file of gVisor's own shim
