@@ -257,4 +257,10 @@ func TestTrimPodKeepsThePodLevelLimit(t *testing.T) {
 	if got, want := chargeOf(trimmed.(*corev1.Pod)), chargeOf(p); got != want || want.MemoryBytes != 8<<30 {
 		t.Errorf("trimmed pod charged %+v, the pod %+v, want 8Gi both", got, want)
 	}
+	// A pod whose request annotations do not parse (one the informer sees
+	// but the webhook never admitted) is still charged its pod-level limit.
+	p.Annotations = map[string]string{policy.AnnotationGPUCount: "many"}
+	if got := chargeOf(p); got.MemoryBytes != 8<<30 {
+		t.Errorf("pod with a bad annotation charged %+v, want its pod-level 8Gi", got)
+	}
 }

@@ -148,12 +148,7 @@ func chargeOf(p *corev1.Pod) policy.Usage {
 	c := policy.Usage{Sandboxes: 1}
 	req, err := requestOf(p.Annotations, p.Spec)
 	if err != nil {
-		c.MemoryBytes = effectiveLimit(p.Spec, func(c corev1.Container) int64 {
-			if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
-				return q.Value()
-			}
-			return 0
-		})
+		c.MemoryBytes = podMemoryLimit(p.Spec)
 		c.GPUSlices = int(effectiveLimit(p.Spec, func(c corev1.Container) int64 {
 			if q, ok := limitsOf(c)[resourceGPU]; ok {
 				return q.Value()
