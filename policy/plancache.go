@@ -303,7 +303,18 @@ func (c *planCache) read() ([]byte, error) {
 	if err := checkPrivate(c.dir, true); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(c.path(), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	raw, err := readPrivate(c.path(), 0, planCacheMaxEntry)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.path(), err)
+	}
+	return raw, nil
+}
+
+// readPrivate reads the regular file at path, refusing a symbolic link, a
+// file of another user or one open to group or others, and a size outside
+// [min, max] bytes.
+func readPrivate(path string, min, max int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -313,14 +324,14 @@ func (c *planCache) read() ([]byte, error) {
 		return nil, err
 	}
 	if err := privateInfo(st, false); err != nil {
-		return nil, fmt.Errorf("%s: %w", c.path(), err)
+		return nil, err
 	}
-	if st.Size() > planCacheMaxEntry {
-		return nil, fmt.Errorf("%s: %d bytes, more than %d", c.path(), st.Size(), planCacheMaxEntry)
+	if st.Size() < min || st.Size() > max {
+		return nil, fmt.Errorf("%d bytes, want %d to %d", st.Size(), min, max)
 	}
 	raw := make([]byte, st.Size())
 	if _, err := io.ReadFull(f, raw); err != nil {
-		return nil, fmt.Errorf("%s: %w", c.path(), err)
+		return nil, err
 	}
 	return raw, nil
 }
@@ -541,23 +552,8 @@ func insideDir(path, dir string) bool {
 // file of another user or one open to group or others, and a size out of
 // bounds.
 func readPlanCacheKey(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	key, err := readPrivate(path, planCacheKeySize, planCacheMaxKey)
 	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if err := privateInfo(st, false); err != nil {
-		return nil, fmt.Errorf("key %s: %w", path, err)
-	}
-	if st.Size() < planCacheKeySize || st.Size() > planCacheMaxKey {
-		return nil, fmt.Errorf("key %s: %d bytes, want %d to %d", path, st.Size(), planCacheKeySize, planCacheMaxKey)
-	}
-	key := make([]byte, st.Size())
-	if _, err := io.ReadFull(f, key); err != nil {
 		return nil, fmt.Errorf("key %s: %w", path, err)
 	}
 	return key, nil
