@@ -67,6 +67,8 @@ test: build build-failpoints tools ## Run every test: unit, Rego (with coverage 
 	$(GO) test -run '^$$' -fuzz '^FuzzEvaluatorsAgree$$' -fuzztime 30s ./policy
 	@echo "fuzz: the plan cache's binary form of a program, damaged: an error or a program that reads back as itself, never a panic, 20 s"
 	$(GO) test -run '^$$' -fuzz '^FuzzLoadBinary$$' -fuzztime 20s ./policy/irvm
+	@echo "fuzz: the unsigned data file merged over a signed bundle: refused or within the signed tenants and tiers, never a panic, 10 s"
+	$(GO) test -run '^$$' -fuzz '^FuzzMergeData$$' -fuzztime 10s ./policy
 
 .PHONY: test-cluster
 test-cluster: build tools ## Install Bulkhead from deploy/ on a private one-node Kubernetes cluster and run the user's cases through kubectl (root; etcd from make deps).
