@@ -16,6 +16,10 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
+// hostShm is the host's POSIX shared memory, which containerd binds into a
+// pod that shares the host's IPC namespace.
+const hostShm = "/dev/shm"
+
 // criPlugin is the directory containerd's CRI plugin keeps its per-sandbox
 // and per-container files in, under both its root and its state directory.
 const criPlugin = "io.containerd.grpc.v1.cri"
@@ -168,12 +172,20 @@ func hostNamespaces(spec *specs.Spec) (network, pid, ipc bool) {
 // containerd's default set, privileged mode, and its memory limit.
 func containerOf(name string, spec *specs.Spec, files podFiles, granted []string) policy.Container {
 	c := policy.Container{Name: name, Image: spec.Annotations[AnnotationImageName]}
+	_, _, hostIPC := hostNamespaces(spec)
 	for _, m := range spec.Mounts {
 		if !isBind(m) {
 			continue
 		}
 		p := files.hostPath(m.Source)
 		if filepath.IsAbs(p) && files.own(p) && !files.subPath(p) {
+			continue
+		}
+		if hostIPC && p == hostShm && filepath.Clean(m.Destination) == hostShm {
+			// containerd shares the host's /dev/shm with a pod in the
+			// host's IPC namespace: that is what host IPC means, judged
+			// as the namespace (workload.host_namespace), as the webhook
+			// judges hostIPC, not as a host path the pod asked for.
 			continue
 		}
 		c.Mounts = append(c.Mounts, policy.Mount{HostPath: p, Path: m.Destination, ReadOnly: slices.Contains(m.Options, "ro")})

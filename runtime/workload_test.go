@@ -108,6 +108,14 @@ func TestContainerOf(t *testing.T) {
 		{name: "memory limit", edit: []func(*specs.Spec){withMemoryLimit(1 << 20)}, want: policy.Container{MemoryBytes: 1 << 20}},
 		{name: "no memory limit: containerd leaves it unset", edit: []func(*specs.Spec){withoutMemoryLimit}, want: policy.Container{}},
 		{name: "OCI's unlimited -1 is no limit", edit: []func(*specs.Spec){withMemoryLimit(-1)}, want: policy.Container{}},
+		{name: "hostIPC: the host's /dev/shm is the namespace's, not a host path", edit: []func(*specs.Spec){hostIPC, bind("/dev/shm", "/dev/shm", "rw")},
+			want: policy.Container{}},
+		{name: "the host's /dev/shm without hostIPC is a host path", edit: []func(*specs.Spec){bind("/dev/shm", "/dev/shm", "rw")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/dev/shm", Path: "/dev/shm"}}}},
+		{name: "hostIPC: the host's /dev/shm elsewhere is a host path", edit: []func(*specs.Spec){hostIPC, bind("/dev/shm", "/data", "rw")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/dev/shm", Path: "/data"}}}},
+		{name: "hostIPC: another host path at /dev/shm is a host path", edit: []func(*specs.Spec){hostIPC, bind("/etc", "/dev/shm", "rw")},
+			want: policy.Container{Mounts: []policy.Mount{{HostPath: "/etc", Path: "/dev/shm"}}}},
 		{name: "a host device is named by its node, not where the container sees it", edit: []func(*specs.Spec){func(s *specs.Spec) {
 			s.Linux.Devices = []specs.LinuxDevice{{Path: "/dev/harmless", Type: "c", Major: 1, Minor: 3}, {Path: "/dev/x", Type: "c", Major: 231, Minor: 192}}
 		}}, want: policy.Container{Devices: []string{"/dev/null", "/dev/infiniband/x"}}},
@@ -125,6 +133,12 @@ func TestContainerOf(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hostIPC puts the spec in the host's IPC namespace, as containerd does
+// for a pod with hostIPC.
+func hostIPC(s *specs.Spec) {
+	s.Linux.Namespaces = slices.DeleteFunc(s.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.IPCNamespace })
 }
 
 func TestHostNamespaces(t *testing.T) {

@@ -138,7 +138,6 @@ const (
 	whyDevicePlug = "a GPU asked for as a device-plugin resource (nvidia.com/mig-*) reaches the node as the plugin's devices, not as a Bulkhead request: the node judges only bulkhead.dev/gpu-profile (and the plugin's device nodes, none here)"
 	whyVolumeType = "the kubelet mounts every volume under the pod's own directory (kubernetes.io~<plugin>), which the node counts as the pod's own files: it cannot tell an inline nfs/iscsi/fc/flexVolume source from a claim, so workload.volume_type is judged at admission"
 	whyAnnotation = "a sandbox's annotations are fixed when RunPodSandbox creates it: CRI has no call that changes them, so only the webhook sees an annotation edited on a running pod"
-	whyHostIPC    = "with hostIPC containerd binds the host's /dev/shm into the sandbox: the node, which sees the bind, refuses it as a host path (workload.host_path) beside workload.host_namespace; the webhook sees the one field"
 	whyPrivileged = "a privileged container's OCI spec carries every capability and every host device: the node, which sees the spec, refuses them too (workload.capability, workload.device_forbidden); the webhook sees the one flag"
 )
 
@@ -255,8 +254,9 @@ var hostAccess = []variant{
 	{name: "plain", edit: func(*corev1.Pod) {}},
 	{name: "hostNetwork", edit: func(p *corev1.Pod) { p.Spec.HostNetwork = true }, webhook: below(rHostNS)},
 	{name: "hostPID", edit: func(p *corev1.Pod) { p.Spec.HostPID = true }, webhook: below(rHostNS)},
-	{name: "hostIPC", edit: func(p *corev1.Pod) { p.Spec.HostIPC = true }, webhook: below(rHostNS),
-		node: below(rHostNS, rHostPath), invisible: whyHostIPC},
+	// containerd binds the host's /dev/shm into a hostIPC pod: the node
+	// judges it as the namespace, as the webhook judges the field.
+	{name: "hostIPC", edit: func(p *corev1.Pod) { p.Spec.HostIPC = true }, webhook: below(rHostNS)},
 	// The kubelet marks the sandbox privileged too, which for containerd
 	// only unconfines the pause container: the node judges the container.
 	{name: "privileged", edit: func(p *corev1.Pod) { securityContext(mainOf(p)).Privileged = ptr.To(true) }, stage: atContainer,
