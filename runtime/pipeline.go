@@ -400,10 +400,19 @@ func (p *Pipeline) ContainerInput(sb *Sandbox, a *Admission, id string, spec *sp
 // AdmitContainer asks the policy whether container id may be created in
 // sandbox sb as spec describes it. A refusal names the rules, like a
 // sandbox refusal, and changes nothing.
+//
+// A fenced runc pod's network namespace is looked at again: an interface
+// added after the sandbox's create (Multus' dynamic networks, a host agent)
+// would carry the new container's traffic past the fence. A gVisor sandbox
+// took its interfaces once, when it started, so one added later carries
+// nothing of it.
 func (p *Pipeline) AdmitContainer(ctx context.Context, sb *Sandbox, a *Admission, id string, spec *specs.Spec) error {
 	d, err := p.decider.Decide(ctx, p.ContainerInput(sb, a, id, spec))
 	if err != nil || !d.Allow {
 		return refusal(sb, d, err)
+	}
+	if p.runtime == policy.RuntimeRunc && a != nil && a.Reservation != nil && a.Reservation.Endpoint != nil && sb.NetNS != "" {
+		return checkInterfaces(sb, a.Reservation)
 	}
 	return nil
 }

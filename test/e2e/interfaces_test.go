@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
@@ -143,5 +145,57 @@ func showCrossing(ctx context.Context, t *testing.T, pn *pipelineNode, a, r stri
 		t.Errorf("agents reached research at %s:8080 over eth1 (macvlan): the fence never saw it", ip)
 	} else {
 		t.Logf("agents did not reach research over eth1: %v", err)
+	}
+}
+
+// TestInterfaceAddedAfterSandboxRefusesContainers: an interface added to a
+// fenced runc pod's network namespace after its sandbox was created (as
+// Multus' dynamic networks or a host agent would) refuses the pod's next
+// container with [network.unfenced_interface] naming it; the containers
+// created before it keep running. A runc container uses every interface of
+// its namespace at once, so the create is the last point the node can say
+// no. (A gVisor sandbox copied its interfaces when it started and never
+// sees a later one.)
+func TestInterfaceAddedAfterSandboxRefusesContainers(t *testing.T) {
+	if msg := runcTierMissing(); msg != "" {
+		t.Skip(msg)
+	}
+	pn := startPipelineNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cfg := podConfig(pn.Node, "late-interface", "platform", nil)
+	id, err := runPodOn(ctx, pn.Node, node.RuncHandler, cfg)
+	if err != nil {
+		t.Fatalf("runc pod of platform: %v", err)
+	}
+	t.Cleanup(func() { _ = removePod(context.Background(), pn.Node, id) })
+	first, err := startContainer(ctx, pn.Node, id, cfg, "first", "exec sleep 3600")
+	if err != nil {
+		t.Fatalf("first container, before any second interface: %v", err)
+	}
+	st, err := pn.Runtime.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsPath := sandboxNetNS(t, st.GetInfo())
+	peer := fmt.Sprintf("bhlate%d", os.Getpid()%100000)
+	// eth1 in the pod, its peer in the host's namespace (PID 1's).
+	if out, err := exec.Command("nsenter", "--net="+nsPath, "ip", "link", "add", "eth1", "type", "veth", "peer", "name", peer, "netns", "1").CombinedOutput(); err != nil {
+		t.Fatalf("add eth1 to the pod: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", peer).Run() })
+	if out, err := exec.Command("nsenter", "--net="+nsPath, "ip", "link", "set", "eth1", "up").CombinedOutput(); err != nil {
+		t.Fatalf("set eth1 up: %v %s", err, out)
+	}
+	_, err = startContainer(ctx, pn.Node, id, cfg, "second", "exec sleep 3600")
+	if err == nil {
+		t.Fatal("second container created with eth1 added to the pod's namespace after its sandbox: only eth0 is fenced")
+	}
+	if !strings.Contains(err.Error(), "[network.unfenced_interface] ") || !strings.Contains(err.Error(), "eth1 (veth)") {
+		t.Fatalf("second container: %v, want a refusal naming [network.unfenced_interface] and eth1 (veth)", err)
+	}
+	t.Logf("refused as expected: %v", err)
+	if _, err := execSync(ctx, pn.Node, first, "true"); err != nil {
+		t.Errorf("the first container no longer runs: %v", err)
 	}
 }
