@@ -123,6 +123,11 @@ type PipelineConfig struct {
 	// records sandboxes and passes through to gVisor (used as the baseline
 	// of `make bench-start`).
 	Enabled bool `toml:"enabled"`
+	// BenchmarkBaseline must be true for Enabled to be false: a node whose
+	// shim judges nothing runs every pod unjudged, unquota'd and unfenced,
+	// so turning the pipeline off says what it is for (the baseline of
+	// `make bench-start` and of tests that measure the shim alone).
+	BenchmarkBaseline bool `toml:"benchmark_baseline"`
 }
 
 // MIGConfig selects the GPU backend.
@@ -367,6 +372,12 @@ func (c Config) validateShimOnly() error {
 				return fmt.Errorf("rdma.tenant_vfs.%s[%d]: %q must be under /dev/infiniband", tenant, i, d)
 			}
 		}
+	}
+	if !c.Pipeline.Enabled && !c.Pipeline.BenchmarkBaseline {
+		return errors.New("pipeline.enabled: false runs every pod unjudged, outside quota and unfenced; a node refuses it unless pipeline.benchmark_baseline = true says it is a benchmark baseline")
+	}
+	if c.Pipeline.Enabled && c.Pipeline.BenchmarkBaseline {
+		return errors.New("pipeline.benchmark_baseline: true only with pipeline.enabled = false")
 	}
 	if c.Pipeline.Enabled && c.Policy.Bundle == "" {
 		return errors.New("policy.bundle: must be set while pipeline.enabled is true (the pipeline fails closed without a policy)")

@@ -28,7 +28,7 @@ func TestParseConfig(t *testing.T) {
 		},
 		{
 			name: "pipeline off needs no policy",
-			doc:  "[pipeline]\nenabled = false\n",
+			doc:  "[pipeline]\nenabled = false\nbenchmark_baseline = true\n",
 		},
 		{
 			name: "every key",
@@ -62,31 +62,31 @@ enabled = true
 		},
 		{name: "unknown top-level key", doc: "runsc_pth = \"/x\"\n", wantErr: "unknown key(s) runsc_pth"},
 		{name: "unknown nested key", doc: "[runsc]\nplatfrom = \"kvm\"\n", wantErr: "unknown key(s) runsc.platfrom"},
-		{name: "bad platform", doc: "[runsc]\nplatform = \"xen\"\n[pipeline]\nenabled=false\n", wantErr: `runsc.platform: "xen" is not one of`},
-		{name: "bad network", doc: "[runsc]\nnetwork = \"bridge\"\n[pipeline]\nenabled=false\n", wantErr: `runsc.network: "bridge"`},
-		{name: "relative path", doc: "runsc_path = \"runsc\"\n[pipeline]\nenabled=false\n", wantErr: "runsc_path: \"runsc\" must be an absolute path"},
-		{name: "empty state dir", doc: "state_dir = \"\"\n[pipeline]\nenabled=false\n", wantErr: "state_dir: must be set"},
-		{name: "reserved flag", doc: "[runsc]\nextra_flags = [\"--root=/tmp\"]\n[pipeline]\nenabled=false\n", wantErr: `runsc.extra_flags[0]: "root" is set by Bulkhead`},
-		{name: "malformed flag", doc: "[runsc]\nextra_flags = [\"--\"]\n[pipeline]\nenabled=false\n", wantErr: "runsc.extra_flags[0]"},
+		{name: "bad platform", doc: "[runsc]\nplatform = \"xen\"\n[pipeline]\nenabled=false\nbenchmark_baseline=true\n", wantErr: `runsc.platform: "xen" is not one of`},
+		{name: "bad network", doc: "[runsc]\nnetwork = \"bridge\"\n[pipeline]\nenabled=false\nbenchmark_baseline=true\n", wantErr: `runsc.network: "bridge"`},
+		{name: "relative path", doc: "runsc_path = \"runsc\"\n[pipeline]\nenabled=false\nbenchmark_baseline=true\n", wantErr: "runsc_path: \"runsc\" must be an absolute path"},
+		{name: "empty state dir", doc: "state_dir = \"\"\n[pipeline]\nenabled=false\nbenchmark_baseline=true\n", wantErr: "state_dir: must be set"},
+		{name: "reserved flag", doc: "[runsc]\nextra_flags = [\"--root=/tmp\"]\n[pipeline]\nenabled=false\nbenchmark_baseline=true\n", wantErr: `runsc.extra_flags[0]: "root" is set by Bulkhead`},
+		{name: "malformed flag", doc: "[runsc]\nextra_flags = [\"--\"]\n[pipeline]\nenabled=false\nbenchmark_baseline=true\n", wantErr: "runsc.extra_flags[0]"},
 		{name: "pipeline without policy", doc: "", wantErr: "policy.bundle: must be set"},
-		{name: "rdma vf outside /dev/infiniband", doc: "[pipeline]\nenabled=false\n[rdma.tenant_vfs]\nresearch = [\"/dev/sda\"]\n", wantErr: `rdma.tenant_vfs.research[0]: "/dev/sda" must be under /dev/infiniband`},
-		{name: "bad mig backend", doc: "[pipeline]\nenabled=false\n[mig]\nbackend = \"cuda\"\n", wantErr: `mig.backend: "cuda" is not one of`},
-		{name: "bad policy evaluator", doc: "[pipeline]\nenabled=false\n[policy]\nevaluator = \"wasm\"\n", wantErr: `policy.evaluator: "wasm" is not one of plan, topdown`},
-		{name: "bad cluster cidr", doc: "[pipeline]\nenabled=false\n[netpol]\ncluster_cidrs = [\"10.0.0.0/33\"]\n", wantErr: `netpol.cluster_cidrs[0]`},
+		{name: "rdma vf outside /dev/infiniband", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[rdma.tenant_vfs]\nresearch = [\"/dev/sda\"]\n", wantErr: `rdma.tenant_vfs.research[0]: "/dev/sda" must be under /dev/infiniband`},
+		{name: "bad mig backend", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[mig]\nbackend = \"cuda\"\n", wantErr: `mig.backend: "cuda" is not one of`},
+		{name: "bad policy evaluator", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[policy]\nevaluator = \"wasm\"\n", wantErr: `policy.evaluator: "wasm" is not one of plan, topdown`},
+		{name: "bad cluster cidr", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[netpol]\ncluster_cidrs = [\"10.0.0.0/33\"]\n", wantErr: `netpol.cluster_cidrs[0]`},
 		{name: "bundle without key", doc: "[policy]\nbundle = \"/b\"\n", wantErr: "policy.key_file and policy.key_id"},
 		{
 			name: "plan cache key beside a moved ledger",
-			doc:  "ledger_path = \"/var/lib/x/ledger.db\"\n[pipeline]\nenabled=false\n",
+			doc:  "ledger_path = \"/var/lib/x/ledger.db\"\n[pipeline]\nenabled=false\nbenchmark_baseline=true\n",
 			check: func(t *testing.T, c Config) {
 				if got := c.PlanCacheKeyPath(); got != "/var/lib/x/plan-cache.key" {
 					t.Errorf("plan cache key %q, want /var/lib/x/plan-cache.key", got)
 				}
 			},
 		},
-		{name: "plan cache key under state_dir", doc: "[pipeline]\nenabled=false\n[policy]\nplan_cache_key = \"/run/bulkhead/keys/plan.key\"\n", wantErr: `policy.plan_cache_key: "/run/bulkhead/keys/plan.key" lies under state_dir "/run/bulkhead"`},
-		{name: "plan cache key under state_dir, unclean", doc: "[pipeline]\nenabled=false\n[policy]\nplan_cache_key = \"/var/../run//bulkhead/plan.key\"\n", wantErr: "lies under state_dir"},
-		{name: "default plan cache key under state_dir", doc: "ledger_path = \"/run/bulkhead/ledger.db\"\n[pipeline]\nenabled=false\n", wantErr: "policy.plan_cache_key (unset: plan-cache.key beside ledger_path)"},
-		{name: "relative plan cache key", doc: "[pipeline]\nenabled=false\n[policy]\nplan_cache_key = \"plan.key\"\n", wantErr: `policy.plan_cache_key: "plan.key" must be an absolute path`},
+		{name: "plan cache key under state_dir", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[policy]\nplan_cache_key = \"/run/bulkhead/keys/plan.key\"\n", wantErr: `policy.plan_cache_key: "/run/bulkhead/keys/plan.key" lies under state_dir "/run/bulkhead"`},
+		{name: "plan cache key under state_dir, unclean", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[policy]\nplan_cache_key = \"/var/../run//bulkhead/plan.key\"\n", wantErr: "lies under state_dir"},
+		{name: "default plan cache key under state_dir", doc: "ledger_path = \"/run/bulkhead/ledger.db\"\n[pipeline]\nenabled=false\nbenchmark_baseline=true\n", wantErr: "policy.plan_cache_key (unset: plan-cache.key beside ledger_path)"},
+		{name: "relative plan cache key", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[policy]\nplan_cache_key = \"plan.key\"\n", wantErr: `policy.plan_cache_key: "plan.key" must be an absolute path`},
 		{name: "wrong type", doc: "debug = \"yes\"\n", wantErr: "line 1"},
 		{name: "not toml", doc: "[runsc\n", wantErr: "line"},
 	}
@@ -163,9 +163,9 @@ func TestDeployedConfigFencesTheNode(t *testing.T) {
 // an explicit enabled = false turns it off.
 func TestFenceIsOnUnlessTurnedOff(t *testing.T) {
 	for doc, want := range map[string]bool{
-		"[pipeline]\nenabled = false\n":                            true,
-		"[pipeline]\nenabled = false\n[netpol]\n":                  true,
-		"[pipeline]\nenabled = false\n[netpol]\nenabled = false\n": false,
+		"[pipeline]\nenabled = false\nbenchmark_baseline = true\n":                            true,
+		"[pipeline]\nenabled = false\nbenchmark_baseline = true\n[netpol]\n":                  true,
+		"[pipeline]\nenabled = false\nbenchmark_baseline = true\n[netpol]\nenabled = false\n": false,
 	} {
 		cfg, err := ParseConfig([]byte(doc))
 		if err != nil {
@@ -190,11 +190,13 @@ func TestValidateForUse(t *testing.T) {
 		{name: "bundle without key", doc: "[policy]\nbundle = \"/b\"\n", shimErr: "policy.key_file and policy.key_id"},
 		{name: "pipeline without policy", doc: "", shimErr: "policy.bundle: must be set"},
 		{name: "bad evaluator", doc: "[policy]\nbundle = \"/b\"\ninsecure_skip_verification = true\nevaluator = \"wasm\"\n", shimErr: "policy.evaluator"},
-		{name: "bad platform", doc: "[pipeline]\nenabled = false\n[runsc]\nplatform = \"xen\"\n", shimErr: "runsc.platform"},
-		{name: "rdma vf outside /dev/infiniband", doc: "[pipeline]\nenabled = false\n[rdma.tenant_vfs]\nr = [\"/dev/sda\"]\n", shimErr: "rdma.tenant_vfs.r[0]"},
-		{name: "relative ledger", doc: "ledger_path = \"l.db\"\n[pipeline]\nenabled = false\n", shimErr: "ledger_path", stateErr: "ledger_path"},
-		{name: "bad mig backend", doc: "[pipeline]\nenabled = false\n[mig]\nbackend = \"cuda\"\n", shimErr: "mig.backend", stateErr: "mig.backend"},
-		{name: "relative pin dir", doc: "[pipeline]\nenabled = false\n[netpol]\npin_dir = \"pins\"\n", shimErr: "netpol.pin_dir", stateErr: "netpol.pin_dir"},
+		{name: "bad platform", doc: "[pipeline]\nenabled = false\nbenchmark_baseline = true\n[runsc]\nplatform = \"xen\"\n", shimErr: "runsc.platform"},
+		{name: "rdma vf outside /dev/infiniband", doc: "[pipeline]\nenabled = false\nbenchmark_baseline = true\n[rdma.tenant_vfs]\nr = [\"/dev/sda\"]\n", shimErr: "rdma.tenant_vfs.r[0]"},
+		{name: "relative ledger", doc: "ledger_path = \"l.db\"\n[pipeline]\nenabled = false\nbenchmark_baseline = true\n", shimErr: "ledger_path", stateErr: "ledger_path"},
+		{name: "bad mig backend", doc: "[pipeline]\nenabled = false\nbenchmark_baseline = true\n[mig]\nbackend = \"cuda\"\n", shimErr: "mig.backend", stateErr: "mig.backend"},
+		{name: "pipeline off without saying why", doc: "[pipeline]\nenabled = false\n", shimErr: "pipeline.benchmark_baseline = true"},
+		{name: "a baseline with the pipeline on", doc: "[policy]\nbundle = \"/b\"\ninsecure_skip_verification = true\n[pipeline]\nbenchmark_baseline = true\n", shimErr: "pipeline.benchmark_baseline: true only with pipeline.enabled = false"},
+		{name: "relative pin dir", doc: "[pipeline]\nenabled = false\nbenchmark_baseline = true\n[netpol]\npin_dir = \"pins\"\n", shimErr: "netpol.pin_dir", stateErr: "netpol.pin_dir"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -238,7 +240,7 @@ func TestPlanCacheKeyUnderStateDirThroughALink(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.Pipeline.Enabled = false
+	cfg.Pipeline.Enabled, cfg.Pipeline.BenchmarkBaseline = false, true
 	cfg.StateDir = state
 	cfg.Policy.PlanCacheKey = filepath.Join(dir, "keys", "plan-cache.key")
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "policy.plan_cache_key") {

@@ -16,7 +16,7 @@ func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
 	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
 	cfg.MIG = MIGConfig{Backend: "mock", MockModel: "a100-80gb", MockGPUs: 1, MockState: filepath.Join(dir, "gpus.json")}
-	cfg.Pipeline.Enabled = false
+	cfg.Pipeline.Enabled, cfg.Pipeline.BenchmarkBaseline = false, true
 	cfg.Netpol.Enabled = false // never the node's own pins; test/e2e covers the fence
 	c, err := OpenComponents(context.Background(), cfg, false)
 	if err != nil {

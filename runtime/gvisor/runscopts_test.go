@@ -8,7 +8,7 @@ import (
 )
 
 func TestRunscOptionsRoundTrip(t *testing.T) {
-	cfg, err := runtime.ParseConfig([]byte("[pipeline]\nenabled=false\n[runsc]\nextra_flags=[\"overlay2=none\"]\n"))
+	cfg, err := runtime.ParseConfig([]byte("[pipeline]\nenabled=false\nbenchmark_baseline=true\n[runsc]\nextra_flags=[\"overlay2=none\"]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -345,8 +345,9 @@ platform = %q
 network = %q
 [pipeline]
 enabled = %t
+benchmark_baseline = %t
 %s`, kubeletRoot, runsc, runc, filepath.Join(opts.Dir, "runc-root"), n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
-		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), runscPlatform, runscNetwork, opts.PipelineEnabled, opts.ShimConfig)
+		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), runscPlatform, runscNetwork, opts.PipelineEnabled, !opts.PipelineEnabled, opts.ShimConfig)
 	if err := os.WriteFile(n.ShimConf, []byte(shimConf), 0o644); err != nil {
 		return nil, err
 	}
