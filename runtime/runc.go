@@ -120,16 +120,7 @@ func (t *RuncTask) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*t
 // UpdateContainerResources: an in-place resize, crictl update) against the
 // tier and the pod's charge, then lets runc apply it.
 func (t *RuncTask) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
-	var resp *ptypes.Empty
-	err := t.pod.Update(ctx, r.ID, r.Resources, func() error {
-		var err error
-		resp, err = t.TTRPCTaskService.Update(ctx, r)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
+	return t.pod.UpdateTask(ctx, r.ID, r.Resources, func() (*ptypes.Empty, error) { return t.TTRPCTaskService.Update(ctx, r) })
 }
 
 // Delete deletes a container; deleting the sandbox container releases

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -260,4 +261,20 @@ func (p *Pod) Update(ctx context.Context, id string, resources *anypb.Any, updat
 	p.sandbox.Limits[id] = ContainerLimits{Name: old.Name, MemoryBytes: limit}
 	p.saveRecord(ctx)
 	return nil
+}
+
+// UpdateTask is Update as a shim's task service serves it: update is the
+// runtime's own task Update, called only once the change is judged, and
+// its answer is what the shim returns.
+func (p *Pod) UpdateTask(ctx context.Context, id string, resources *anypb.Any, update func() (*ptypes.Empty, error)) (*ptypes.Empty, error) {
+	var resp *ptypes.Empty
+	err := p.Update(ctx, id, resources, func() error {
+		var err error
+		resp, err = update()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
 }

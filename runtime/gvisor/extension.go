@@ -139,16 +139,7 @@ func createWithOptions(ctx context.Context, pod *runtime.Pod, r *task.CreateTask
 // UpdateContainerResources: an in-place resize, crictl update) against the
 // tier and the pod's charge, then lets gVisor apply it.
 func (p *PodExtension) Update(ctx context.Context, r *task.UpdateTaskRequest) (*ptypes.Empty, error) {
-	var resp *ptypes.Empty
-	err := p.pod.Update(ctx, r.ID, r.Resources, func() error {
-		var err error
-		resp, err = p.TaskServiceExt.Update(ctx, r)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
+	return p.pod.UpdateTask(ctx, r.ID, r.Resources, func() (*ptypes.Empty, error) { return p.TaskServiceExt.Update(ctx, r) })
 }
 
 // Delete deletes a container; deleting the sandbox container drops
