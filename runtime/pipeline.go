@@ -339,7 +339,7 @@ func (p *Pipeline) Input(sb *Sandbox, spec *specs.Spec) (policy.Input, error) {
 	if spec.Linux != nil && len(spec.Linux.Sysctl) > 0 {
 		in.Pod.Sysctls = spec.Linux.Sysctl
 	}
-	if c := containerOf(sandboxContainerName, spec, p.cfg.podFiles(sb, ""), nil); asksHost(c) {
+	if c, _ := containerOf(sandboxContainerName, spec, p.cfg.podFiles(sb, ""), nil); asksHost(c) {
 		in.Pod.Containers = []policy.Container{c}
 	}
 	if v := spec.Annotations[AnnotationSandboxMemory]; v != "" {
@@ -392,8 +392,8 @@ func (p *Pipeline) ContainerInput(sb *Sandbox, a *Admission, id string, spec *sp
 		in.Pod.Sysctls = spec.Linux.Sysctl
 	}
 	granted := p.RDMAGrant(a, sb).Devices
-	files := p.cfg.podFiles(sb, id)
-	in.Pod.Containers, in.Pod.Volumes = []policy.Container{containerOf(name, spec, files, granted)}, mountedVolumes(spec, files)
+	c, volumes := containerOf(name, spec, p.cfg.podFiles(sb, id), granted)
+	in.Pod.Containers, in.Pod.Volumes = []policy.Container{c}, volumes
 	return in
 }
 

@@ -169,15 +169,25 @@ func hostNamespaces(spec *specs.Spec) (network, pid, ipc bool) {
 // containerOf describes what the container of spec asks of the host, as
 // the policy input's container: host bind mounts, device nodes (but not
 // those in granted, which Bulkhead itself hands out), capabilities beyond
-// containerd's default set, privileged mode, and its memory limit.
-func containerOf(name string, spec *specs.Spec, files podFiles, granted []string) policy.Container {
+// containerd's default set, privileged mode, and its memory limit. It
+// lists too the pod's volumes the container mounts, each once, told from
+// where its bind comes from: a node sees mounts, not the pod spec. What the
+// node cannot tell apart is left to the webhook and said by MayBeClaim (a
+// claim's volume against an inline source of its plugin); a volume that is
+// not a bind (a tmpfs) is not listed. Each bind's host path is resolved
+// once, for both.
+func containerOf(name string, spec *specs.Spec, files podFiles, granted []string) (policy.Container, []policy.Volume) {
 	c := policy.Container{Name: name, Image: spec.Annotations[AnnotationImageName]}
+	var volumes []policy.Volume
 	_, _, hostIPC := hostNamespaces(spec)
 	for _, m := range spec.Mounts {
 		if !isBind(m) {
 			continue
 		}
 		p := files.hostPath(m.Source)
+		if v, ok := files.volumeOf(p); filepath.IsAbs(p) && ok && !slices.Contains(volumes, v) {
+			volumes = append(volumes, v)
+		}
 		if filepath.IsAbs(p) && files.own(p) && !files.subPath(p) {
 			continue
 		}
@@ -220,7 +230,7 @@ func containerOf(name string, spec *specs.Spec, files podFiles, granted []string
 		// knows; a container holding all of these is privileged in effect.
 		c.Privileged = !slices.ContainsFunc(privilegedCapabilities, func(cp string) bool { return !slices.Contains(caps.Bounding, cp) })
 	}
-	return c
+	return c, volumes
 }
 
 // memoryLimit is the container's memory limit in bytes, 0 for none: the
@@ -301,28 +311,6 @@ func (f podFiles) volumeOf(p string) (v policy.Volume, ok bool) {
 		return policy.Volume{Name: image, Type: "image"}, true
 	}
 	return v, false
-}
-
-// mountedVolumes lists the pod's volumes the container of spec mounts,
-// each once, told from where its bind comes from: a node sees mounts, not
-// the pod spec. What the node cannot tell apart is left to the webhook
-// and said by MayBeClaim (a claim's volume against an inline source of
-// its plugin); a volume that is not a bind (a tmpfs) is not listed.
-func mountedVolumes(spec *specs.Spec, files podFiles) []policy.Volume {
-	var out []policy.Volume
-	for _, m := range spec.Mounts {
-		if !isBind(m) {
-			continue
-		}
-		p := files.hostPath(m.Source)
-		if !filepath.IsAbs(p) {
-			continue
-		}
-		if v, ok := files.volumeOf(p); ok && !slices.Contains(out, v) {
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 // privilegedCapabilities are capabilities no container gets unless it is

@@ -126,7 +126,7 @@ func TestContainerOf(t *testing.T) {
 			for _, e := range tt.edit {
 				e(spec)
 			}
-			got := containerOf("main", spec, testFiles(), tt.granted)
+			got, _ := containerOf("main", spec, testFiles(), tt.granted)
 			tt.want.Name, tt.want.Image = "main", "registry.local/app:1"
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("containerOf =\n %+v\nwant\n %+v", got, tt.want)
@@ -182,7 +182,7 @@ func TestResolveBindFollowsTheMountTable(t *testing.T) {
 		t.Errorf("resolveBind(%s) = %s, want %s", dst, got, src)
 	}
 	files := podFiles{KubeletRoot: dir, PodUID: "uid-1"}
-	c := containerOf("main", &specs.Spec{Mounts: []specs.Mount{{Destination: "/d", Type: "bind", Source: dst}}}, files, nil)
+	c, _ := containerOf("main", &specs.Spec{Mounts: []specs.Mount{{Destination: "/d", Type: "bind", Source: dst}}}, files, nil)
 	if len(c.Mounts) != 1 || (c.Mounts[0].HostPath != src && c.Mounts[0].HostPath != want) {
 		t.Errorf("containerOf mounts = %+v, want the bound host directory %s", c.Mounts, src)
 	}
@@ -428,8 +428,8 @@ func TestMountedVolumes(t *testing.T) {
 				specs.Mount{Destination: "/again", Type: "bind", Source: tt.source, Options: []string{"rbind", "ro"}},
 				specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs"})
 			want := append([]policy.Volume{token}, tt.want...)
-			if got := mountedVolumes(spec, testFiles()); !reflect.DeepEqual(got, want) {
-				t.Errorf("mountedVolumes =\n %+v\nwant\n %+v", got, want)
+			if _, got := containerOf("main", spec, testFiles(), nil); !reflect.DeepEqual(got, want) {
+				t.Errorf("containerOf volumes =\n %+v\nwant\n %+v", got, want)
 			}
 		})
 	}
