@@ -453,6 +453,36 @@ func (p *prog) lookup(mapName string, key int16) {
 	)
 }
 
+// peerFamily selects the peer address a scoped lookup keys on.
+type peerFamily bool
+
+const (
+	peerV4 peerFamily = false // the IPv4 peer in R8
+	peerV6 peerFamily = true  // the IPv6 peer saved at stPeerV6
+)
+
+// lookupScoped calls bpf_map_lookup_elem on the scoped LPM trie mapName
+// (egress, metadata: scoped by ifindex; service: by tier) with the key
+// {the u32 scope at scope+scopeOff, the peer of family f}, built at stKeyV4
+// or stKeyV6. Clobbers R1.
+func (p *prog) lookupScoped(mapName string, f peerFamily, scope asm.Register, scopeOff int16) {
+	key, bits := int16(stKeyV4), int32(32+32)
+	if f == peerV6 {
+		key, bits = stKeyV6, 32+128
+	}
+	p.emit(
+		asm.StoreImm(asm.RFP, key, int64(bits), asm.Word),
+		asm.LoadMem(asm.R1, scope, scopeOff, asm.Word),
+		asm.StoreMem(asm.RFP, key+4, asm.R1, asm.Word),
+	)
+	if f == peerV6 {
+		p.copyWords(asm.RFP, key+8, asm.RFP, stPeerV6, 4)
+	} else {
+		p.emit(asm.StoreMem(asm.RFP, key+8, asm.R8, asm.Word))
+	}
+	p.lookup(mapName, key)
+}
+
 // lookupOwner finds who owns the address in the LPM key at stack offset key:
 // a pod's address by exact match in hash (jumping to tenant_match with R0 at
 // its owner), otherwise R0 is the trie's longest match, or 0.
@@ -698,13 +728,7 @@ func (p *prog) ipv4(dir Direction) {
 	// list (metadata_v4, scoped by ifindex), filled at registration.
 	p.at("v4_classify")
 	p.flagClear(flagDenyMetadata, "v4_tenant")
-	p.emit(
-		asm.StoreImm(asm.RFP, stKeyV4, 64, asm.Word),
-		asm.LoadMem(asm.R1, asm.RFP, stIfindex, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R1, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV4+8, asm.R8, asm.Word),
-	)
-	p.lookup(mapMetadataV4, stKeyV4)
+	p.lookupScoped(mapMetadataV4, peerV4, asm.RFP, stIfindex)
 	p.emit(asm.JNE.Imm(asm.R0, 0, p.dropLabel(ReasonMetadata)))
 
 	p.at("v4_tenant")
@@ -729,13 +753,7 @@ func (p *prog) ipv4(dir Direction) {
 	// Outside the cluster: only allow-listed CIDRs, for tiers that say so.
 	p.at("v4_outside")
 	p.flagClear(flagEgressRestricted, "pass")
-	p.emit(
-		asm.StoreImm(asm.RFP, stKeyV4, 64, asm.Word),
-		asm.LoadMem(asm.R1, asm.RFP, stIfindex, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R1, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV4+8, asm.R8, asm.Word),
-	)
-	p.lookup(mapEgressV4, stKeyV4)
+	p.lookupScoped(mapEgressV4, peerV4, asm.RFP, stIfindex)
 	p.emit(asm.JNE.Imm(asm.R0, 0, "pass"))
 	p.serviceV4()
 	p.emit(asm.Ja.Label(p.dropLabel(ReasonEgress)))
@@ -744,13 +762,7 @@ func (p *prog) ipv4(dir Direction) {
 // serviceV4 passes the packet when the IPv4 peer in R8 is a shared service
 // of the pod's tier.
 func (p *prog) serviceV4() {
-	p.emit(
-		asm.StoreImm(asm.RFP, stKeyV4, 64, asm.Word),
-		asm.LoadMem(asm.R1, asm.R7, epTier, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV4+4, asm.R1, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV4+8, asm.R8, asm.Word),
-	)
-	p.lookup(mapServiceV4, stKeyV4)
+	p.lookupScoped(mapServiceV4, peerV4, asm.R7, epTier)
 	p.emit(asm.JNE.Imm(asm.R0, 0, "pass"))
 }
 
@@ -863,13 +875,7 @@ func (p *prog) ipv6(dir Direction) {
 		p.copyWords(asm.RFP, stPeerV6, asm.R2, ethHdrLen+8, 4)
 	}
 	p.flagClear(flagDenyMetadata, "v6_linklocal")
-	p.emit(
-		asm.StoreImm(asm.RFP, stKeyV6, 32+128, asm.Word),
-		asm.LoadMem(asm.R1, asm.RFP, stIfindex, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV6+4, asm.R1, asm.Word),
-	)
-	p.copyWords(asm.RFP, stKeyV6+8, asm.RFP, stPeerV6, 4)
-	p.lookup(mapMetadataV6, stKeyV6)
+	p.lookupScoped(mapMetadataV6, peerV6, asm.RFP, stIfindex)
 	p.emit(asm.JNE.Imm(asm.R0, 0, p.dropLabel(ReasonMetadata)))
 
 	// Link-local traffic other than ND stays on the bridge, where it would
@@ -891,13 +897,7 @@ func (p *prog) ipv6(dir Direction) {
 	p.emit(asm.Ja.Label(p.dropLabel(ReasonCluster)))
 	p.at("v6_outside")
 	p.flagClear(flagEgressRestricted, "pass")
-	p.emit(
-		asm.StoreImm(asm.RFP, stKeyV6, 32+128, asm.Word),
-		asm.LoadMem(asm.R1, asm.RFP, stIfindex, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV6+4, asm.R1, asm.Word),
-	)
-	p.copyWords(asm.RFP, stKeyV6+8, asm.RFP, stPeerV6, 4)
-	p.lookup(mapEgressV6, stKeyV6)
+	p.lookupScoped(mapEgressV6, peerV6, asm.RFP, stIfindex)
 	p.emit(asm.JNE.Imm(asm.R0, 0, "pass"))
 	p.serviceV6()
 	p.emit(asm.Ja.Label(p.dropLabel(ReasonEgress)))
@@ -906,13 +906,7 @@ func (p *prog) ipv6(dir Direction) {
 // serviceV6 passes the packet when the IPv6 peer saved at stPeerV6 is a
 // shared service of the pod's tier.
 func (p *prog) serviceV6() {
-	p.emit(
-		asm.StoreImm(asm.RFP, stKeyV6, 32+128, asm.Word),
-		asm.LoadMem(asm.R1, asm.R7, epTier, asm.Word),
-		asm.StoreMem(asm.RFP, stKeyV6+4, asm.R1, asm.Word),
-	)
-	p.copyWords(asm.RFP, stKeyV6+8, asm.RFP, stPeerV6, 4)
-	p.lookup(mapServiceV6, stKeyV6)
+	p.lookupScoped(mapServiceV6, peerV6, asm.R7, epTier)
 	p.emit(asm.JNE.Imm(asm.R0, 0, "pass"))
 }
 
