@@ -80,6 +80,19 @@ func TestResizeJudgedAgainstQuota(t *testing.T) {
 			if got := charges(); got["resize-a"] != 30*gib || got["resize-b"] != 30*gib {
 				t.Fatalf("ledger before the resize: %v, want 30Gi each", got)
 			}
+			// wantMemory checks main's memory limit as containerd reports
+			// it and, under runc, as its cgroup holds it.
+			wantMemory := func(when string, want int64) {
+				t.Helper()
+				if got := containerMemory(ctx, t, pn.Node, main); got != want {
+					t.Errorf("container's memory limit %s: %d, want %dGi", when, got, want/gib)
+				}
+				if tt.name == "runc" {
+					if got := cgroupMemory(ctx, t, pn.Node, main); got != want {
+						t.Errorf("cgroup memory limit %s: %d, want %dGi", when, got, want/gib)
+					}
+				}
+			}
 
 			// 30Gi + 60Gi > 64Gi.
 			_, err := pn.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
@@ -92,14 +105,7 @@ func TestResizeJudgedAgainstQuota(t *testing.T) {
 			if got := charges(); got["resize-a"] != 30*gib || got["resize-b"] != 30*gib {
 				t.Errorf("ledger after the refused resize: %v, want 30Gi each", got)
 			}
-			if got := containerMemory(ctx, t, pn.Node, main); got != 30*gib {
-				t.Errorf("container's memory limit after the refused resize: %d, want 30Gi", got)
-			}
-			if tt.name == "runc" {
-				if got := cgroupMemory(ctx, t, pn.Node, main); got != 30*gib {
-					t.Errorf("cgroup memory limit after the refused resize: %d, want 30Gi", got)
-				}
-			}
+			wantMemory("after the refused resize", 30*gib)
 
 			// 30Gi + 34Gi = 64Gi.
 			if _, err := pn.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
@@ -110,14 +116,7 @@ func TestResizeJudgedAgainstQuota(t *testing.T) {
 			if got := charges(); got["resize-a"] != 34*gib || got["resize-b"] != 30*gib {
 				t.Errorf("ledger after the resize to 34Gi: %v, want resize-a 34Gi", got)
 			}
-			if got := containerMemory(ctx, t, pn.Node, main); got != 34*gib {
-				t.Errorf("container's memory limit after the resize: %d, want 34Gi", got)
-			}
-			if tt.name == "runc" {
-				if got := cgroupMemory(ctx, t, pn.Node, main); got != 34*gib {
-					t.Errorf("cgroup memory limit after the resize: %d, want 34Gi", got)
-				}
-			}
+			wantMemory("after the resize", 34*gib)
 
 			// The tenant is full: a 1Gi pod does not fit.
 			cfg := podConfig(pn.Node, "resize-c-"+tt.name, tt.ns, nil)
@@ -142,26 +141,16 @@ func TestResizeJudgedAgainstQuota(t *testing.T) {
 			// A container resized before it starts: containerd only rewrites
 			// its stored spec, and the shim sees 10Gi at the container's
 			// create, past its pod's 30Gi total (60 + 10 > 64).
-			late, err := pn.Runtime.CreateContainer(ctx, &cri.CreateContainerRequest{
-				PodSandboxId: podB,
-				Config: &cri.ContainerConfig{
-					Metadata: &cri.ContainerMetadata{Name: "late"},
-					Image:    &cri.ImageSpec{Image: images.WorkloadImage},
-					Command:  []string{"/bin/sh", "-c", "exec sleep 3600"},
-					LogPath:  "late.log",
-					Linux:    &cri.LinuxContainerConfig{Resources: &cri.LinuxContainerResources{MemoryLimitInBytes: gib}},
-				},
-				SandboxConfig: cfgB,
-			})
+			late, err := createLimitedContainer(ctx, pn.Node, podB, cfgB, "late", gib)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if _, err := pn.Runtime.UpdateContainerResources(ctx, &cri.UpdateContainerResourcesRequest{
-				ContainerId: late.ContainerId, Linux: &cri.LinuxContainerResources{MemoryLimitInBytes: 10 * gib},
+				ContainerId: late, Linux: &cri.LinuxContainerResources{MemoryLimitInBytes: 10 * gib},
 			}); err != nil {
 				t.Fatalf("resize of a created container (containerd's spec only): %v", err)
 			}
-			if _, err := pn.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: late.ContainerId}); err == nil || !strings.Contains(err.Error(), "[quota.memory] ") {
+			if _, err := pn.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: late}); err == nil || !strings.Contains(err.Error(), "[quota.memory] ") {
 				t.Errorf("start of a container resized to 10Gi beside 60Gi held: %v, want [quota.memory]", err)
 			}
 			if got := charges(); got["resize-a"] != 30*gib || got["resize-b"] != 30*gib {
@@ -174,6 +163,19 @@ func TestResizeJudgedAgainstQuota(t *testing.T) {
 // startLimitedContainer creates and starts a busybox container in the pod
 // limited to memory bytes.
 func startLimitedContainer(ctx context.Context, n *node.Node, podID string, pod *cri.PodSandboxConfig, name string, memory int64) (string, error) {
+	id, err := createLimitedContainer(ctx, n, podID, pod, name, memory)
+	if err != nil {
+		return "", err
+	}
+	if _, err := n.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: id}); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// createLimitedContainer creates, without starting it, a busybox container
+// in the pod limited to memory bytes.
+func createLimitedContainer(ctx context.Context, n *node.Node, podID string, pod *cri.PodSandboxConfig, name string, memory int64) (string, error) {
 	resp, err := n.Runtime.CreateContainer(ctx, &cri.CreateContainerRequest{
 		PodSandboxId: podID,
 		Config: &cri.ContainerConfig{
@@ -186,9 +188,6 @@ func startLimitedContainer(ctx context.Context, n *node.Node, podID string, pod 
 		SandboxConfig: pod,
 	})
 	if err != nil {
-		return "", err
-	}
-	if _, err := n.Runtime.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
 		return "", err
 	}
 	return resp.ContainerId, nil
