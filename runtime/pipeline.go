@@ -611,15 +611,14 @@ func (p *Pipeline) fencePod(ctx context.Context, sb *Sandbox, a *Admission) erro
 	ep.IPv4, ep.IPv6 = v4, v6
 	ep.AllowRDMA = d.RDMA == policy.RDMAOwnVF
 	ep.DenyMetadata = d.Network.DenyMetadata
-	for _, c := range d.Network.MetadataCIDRs {
-		if !ep.DenyMetadata {
-			break
+	if ep.DenyMetadata {
+		for _, c := range d.Network.MetadataCIDRs {
+			pfx, err := netip.ParsePrefix(c)
+			if err != nil {
+				return fmt.Errorf("decision.network.metadata_cidrs: %q: %w", c, err)
+			}
+			ep.MetadataCIDRs = append(ep.MetadataCIDRs, pfx)
 		}
-		pfx, err := netip.ParsePrefix(c)
-		if err != nil {
-			return fmt.Errorf("decision.network.metadata_cidrs: %q: %w", c, err)
-		}
-		ep.MetadataCIDRs = append(ep.MetadataCIDRs, pfx)
 	}
 	if d.Network.EgressCIDRs != nil {
 		ep.EgressCIDRs = []netip.Prefix{}
