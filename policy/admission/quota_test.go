@@ -147,6 +147,21 @@ func (c slowConfigMaps) Get(ctx context.Context, name string, opts metav1.GetOpt
 	return cm, err
 }
 
+// quotaReviewer is a Reviewer deciding on a quota ledger kept in client's
+// ConfigMaps, without informers: the ledger alone counts the pods.
+func quotaReviewer(t *testing.T, client *fake.Clientset) *Reviewer {
+	t.Helper()
+	ledger, err := NewQuotaLedger(QuotaLedgerOptions{Client: client, Namespace: "bulkhead-system"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := NewReviewer(Options{Decider: openEngine(t), Quota: ledger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
+}
+
 // replica is one webhook instance: its own informers, ledger and Reviewer.
 type replica struct {
 	cluster *Cluster
@@ -351,15 +366,7 @@ func TestQuotaLedgerFailsClosed(t *testing.T) {
 			if tt.reactor != nil {
 				client.PrependReactor("*", "configmaps", tt.reactor)
 			}
-			ledger, err := NewQuotaLedger(QuotaLedgerOptions{Client: client, Namespace: "bulkhead-system"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rev, err := NewReviewer(Options{Decider: openEngine(t), Quota: ledger})
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp := rev.Review(context.Background(), podRequest(t, admissionv1.Create, tt.pod))
+			resp := quotaReviewer(t, client).Review(context.Background(), podRequest(t, admissionv1.Create, tt.pod))
 			if resp.Allowed || resp.Result.Code != 500 || !strings.Contains(resp.Result.Message, tt.want) {
 				t.Errorf("response %+v, want a 500 refusal naming %q", resp.Result, tt.want)
 			}

@@ -26,15 +26,7 @@ func ledgerReviewer(t *testing.T) (*Reviewer, *casConfigMaps) {
 	client := fake.NewClientset()
 	store := &casConfigMaps{}
 	client.PrependReactor("*", "configmaps", store.react)
-	ledger, err := NewQuotaLedger(QuotaLedgerOptions{Client: client, Namespace: "bulkhead-system"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rev, err := NewReviewer(Options{Decider: openEngine(t), Quota: ledger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rev, store
+	return quotaReviewer(t, client), store
 }
 
 // updateRequest is the UPDATE the API server sends when old becomes now
