@@ -83,22 +83,29 @@ func runSteps(t *testing.T, rev *Reviewer, steps []updateStep) {
 			t.Fatalf("%s: allowed = %v, want %v (%+v)", st.name, resp.Allowed, st.allowed, resp.Result)
 		}
 		if !st.allowed {
-			if resp.Result.Code != http.StatusForbidden {
-				t.Errorf("%s: code %d, want 403: %s", st.name, resp.Result.Code, resp.Result.Message)
-			}
-			for _, w := range st.want {
-				if !strings.Contains(resp.Result.Message, w) {
-					t.Errorf("%s: message %q lacks %q", st.name, resp.Result.Message, w)
-				}
-			}
-			for _, w := range st.notWant {
-				if strings.Contains(resp.Result.Message, w) {
-					t.Errorf("%s: message %q names %q", st.name, resp.Result.Message, w)
-				}
-			}
+			checkRefusal(t, st.name, resp, st.want, st.notWant)
 		}
 		if st.check != nil {
 			st.check(t)
+		}
+	}
+}
+
+// checkRefusal checks that resp, a refusal, is a 403 whose message names
+// every one of want and none of notWant; errors start with what.
+func checkRefusal(t *testing.T, what string, resp *admissionv1.AdmissionResponse, want, notWant []string) {
+	t.Helper()
+	if resp.Result.Code != http.StatusForbidden {
+		t.Errorf("%s: code %d, want 403: %s", what, resp.Result.Code, resp.Result.Message)
+	}
+	for _, w := range want {
+		if !strings.Contains(resp.Result.Message, w) {
+			t.Errorf("%s: message %q lacks %q", what, resp.Result.Message, w)
+		}
+	}
+	for _, w := range notWant {
+		if strings.Contains(resp.Result.Message, w) {
+			t.Errorf("%s: message %q names %q", what, resp.Result.Message, w)
 		}
 	}
 }
