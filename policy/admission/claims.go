@@ -154,10 +154,6 @@ func claimShare(with, without policy.Decision) policy.Decision {
 	out.Reasons = slices.DeleteFunc(slices.Clone(with.Reasons), func(r policy.Reason) bool { return slices.Contains(without.Reasons, r) })
 	out.Warnings = slices.DeleteFunc(slices.Clone(with.Warnings), func(w string) bool { return slices.Contains(without.Warnings, w) })
 	out.Allow = with.Allow || !without.Allow
-	for _, r := range out.Reasons {
-		if r.Enforcement != policy.EnforceWarn && r.Enforcement != policy.EnforceAudit { // unknown modes deny, as in respond
-			out.Allow = false
-		}
-	}
+	out.Allow = admits(out) // and a deny the claim adds refuses
 	return out
 }
