@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -233,7 +234,7 @@ func (m *Manager) configure(c *ClusterConfig) error {
 	if err != nil {
 		return err
 	}
-	if err := d.replaceCluster(append(append([]netip.Prefix{}, c.ClusterCIDRs...), own...)); err != nil {
+	if err := d.replaceCluster(slices.Concat(c.ClusterCIDRs, own)); err != nil {
 		return err
 	}
 	tiers := make([]string, 0, len(c.SharedServices))
