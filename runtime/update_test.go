@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
 const gi = int64(1) << 30
@@ -318,29 +319,8 @@ func TestPodUpdateLimitMissingFollowsEnforcement(t *testing.T) {
 	// Enforcement is the bundle's own data: a copy of the default bundle
 	// whose security team made the rule deny.
 	cfg.Policy.Bundle = t.TempDir()
-	files, err := filepath.Glob("../rego/*.*")
-	files = append(files, "../rego/.manifest")
-	if err != nil {
+	if err := node.EnforcingBundle(cfg.Policy.Bundle, "../rego", map[string]string{"quota.memory_limit_missing": "deny"}); err != nil {
 		t.Fatal(err)
-	}
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if filepath.Base(f) == "data.json" {
-			var data map[string]map[string]any
-			if err := json.Unmarshal(b, &data); err != nil {
-				t.Fatal(err)
-			}
-			data["bulkhead"]["enforcement"] = map[string]string{"quota.memory_limit_missing": "deny"}
-			if b, err = json.Marshal(data); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.WriteFile(filepath.Join(cfg.Policy.Bundle, filepath.Base(f)), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 	pl, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
 	if err != nil {

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
 // criSpec is a container spec as containerd's CRI plugin writes it for a pod
@@ -312,23 +312,7 @@ func withoutMemoryLimit(s *specs.Spec) {
 func testPipelineEnforcing(t *testing.T, enforcement map[string]string) *Pipeline {
 	t.Helper()
 	dir := t.TempDir()
-	if err := os.CopyFS(dir, os.DirFS("../rego")); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "data.json")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var data map[string]map[string]any
-	if err := json.Unmarshal(raw, &data); err != nil {
-		t.Fatal(err)
-	}
-	data["bulkhead"]["enforcement"] = enforcement
-	if raw, err = json.Marshal(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
+	if err := node.EnforcingBundle(dir, "../rego", enforcement); err != nil {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t)

@@ -2,10 +2,8 @@ package admission
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -16,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
 func memoryLimits(q string) corev1.ResourceRequirements {
@@ -104,23 +103,7 @@ func TestInputForPodLevelMemoryBounds(t *testing.T) {
 func enforcingEngine(t *testing.T, enforcement map[string]string) *policy.Engine {
 	t.Helper()
 	dir := t.TempDir()
-	if err := os.CopyFS(dir, os.DirFS(repoPath(t, "rego"))); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "data.json")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var data map[string]map[string]any
-	if err := json.Unmarshal(raw, &data); err != nil {
-		t.Fatal(err)
-	}
-	data["bulkhead"]["enforcement"] = enforcement
-	if raw, err = json.Marshal(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
+	if err := node.EnforcingBundle(dir, repoPath(t, "rego"), enforcement); err != nil {
 		t.Fatal(err)
 	}
 	e, err := policy.Open(context.Background(), policy.Options{

@@ -108,3 +108,30 @@ func SignBundle(dir, regoDir, tenantsJSON string, binDirs []string) (bundle, pub
 	}
 	return bundle, pubKey, nil
 }
+
+// EnforcingBundle copies the bundle directory regoDir to dst with
+// data.bulkhead.enforcement set to enforcement (rule id -> "deny", "warn",
+// ...): the setting only the signed bundle may carry, as a security team
+// would change it. Tests open dst unverified.
+func EnforcingBundle(dst, regoDir string, enforcement map[string]string) error {
+	if err := os.CopyFS(dst, os.DirFS(regoDir)); err != nil {
+		return err
+	}
+	path := filepath.Join(dst, "data.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var data map[string]map[string]any
+	if err := json.Unmarshal(raw, &data); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if data["bulkhead"] == nil {
+		return fmt.Errorf("%s: no bulkhead object", path)
+	}
+	data["bulkhead"]["enforcement"] = enforcement
+	if raw, err = json.Marshal(data); err != nil {
+		return err
+	}
+	return os.WriteFile(path, raw, 0o644)
+}
