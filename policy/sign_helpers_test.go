@@ -79,18 +79,34 @@ func buildBundle(t testing.TB, srcDir, out string, kp *keyPair, keyID, scope str
 // rewriteTar copies the tarball at path, passing each file through edit.
 func rewriteTar(t testing.TB, path string, edit func(name string, content []byte) []byte) {
 	t.Helper()
-	f, err := os.ReadFile(path)
+	rewriteTarFiles(t, path, func(files []tarFile) []tarFile {
+		for i, f := range files {
+			files[i].content = edit(f.name, f.content)
+		}
+		return files
+	})
+}
+
+// tarFile is one regular file of a tarball.
+type tarFile struct {
+	name    string
+	content []byte
+}
+
+// rewriteTarFiles writes the tarball at path again with the regular files
+// edit returns.
+func rewriteTarFiles(t testing.TB, path string, edit func([]tarFile) []tarFile) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	zr, err := gzip.NewReader(bytes.NewReader(f))
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
 	if err != nil {
 		t.Fatal(err)
 	}
 	tr := tar.NewReader(zr)
-	var out bytes.Buffer
-	zw := gzip.NewWriter(&out)
-	tw := tar.NewWriter(zw)
+	var files []tarFile
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -103,12 +119,18 @@ func rewriteTar(t testing.TB, path string, edit func(name string, content []byte
 		if err != nil {
 			t.Fatal(err)
 		}
-		content = edit(h.Name, content)
-		h.Size = int64(len(content))
-		if err := tw.WriteHeader(h); err != nil {
+		if h.Typeflag == tar.TypeReg {
+			files = append(files, tarFile{h.Name, content})
+		}
+	}
+	var out bytes.Buffer
+	zw := gzip.NewWriter(&out)
+	tw := tar.NewWriter(zw)
+	for _, f := range edit(files) {
+		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.content)), Typeflag: tar.TypeReg}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tw.Write(content); err != nil {
+		if _, err := tw.Write(f.content); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"archive/tar"
 	"bytes"
 	"compress/gzip"
 	"io"
@@ -134,63 +133,6 @@ func fileInTar(t *testing.T, path, name string) []byte {
 		return files
 	})
 	return content
-}
-
-type tarFile struct {
-	name    string
-	content []byte
-}
-
-// rewriteTarFiles writes the tarball at path again with the regular files
-// edit returns.
-func rewriteTarFiles(t *testing.T, path string, edit func([]tarFile) []tarFile) {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(zr)
-	var files []tarFile
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		content, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if h.Typeflag == tar.TypeReg {
-			files = append(files, tarFile{h.Name, content})
-		}
-	}
-	var out bytes.Buffer
-	zw := gzip.NewWriter(&out)
-	tw := tar.NewWriter(zw)
-	for _, f := range edit(files) {
-		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.content)), Typeflag: tar.TypeReg}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write(f.content); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // FuzzVerifySignature: whatever archive a bundle file holds, the check a
