@@ -40,6 +40,24 @@ func withPlanCache(t testing.TB, opts *Options) {
 	opts.PlanCacheKeyFile = filepath.Join(dir, "keys", "plan-cache.key")
 }
 
+// filledPlanCache is a closed engine of the signed default bundle whose open
+// filled its plan cache, and the bytes of the cache's one entry.
+func filledPlanCache(t testing.TB) (*Engine, []byte) {
+	t.Helper()
+	opts := signedDefaultOptions(t)
+	withPlanCache(t, &opts)
+	e, err := Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	raw, err := os.ReadFile(onlyEntry(t, opts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, raw
+}
+
 // planCacheKey is the key opts' engine authenticates its entries with.
 func planCacheKey(t testing.TB, opts Options) []byte {
 	t.Helper()
@@ -302,18 +320,8 @@ func writeEntry(t *testing.T, path string, raw []byte) {
 // never a panic; an entry whose MAC does not match is never read. The
 // seed is the default bundle's entry.
 func FuzzPlanCacheEntry(f *testing.F) {
-	opts := signedDefaultOptions(f)
-	withPlanCache(f, &opts)
-	e, err := Open(context.Background(), opts)
-	if err != nil {
-		f.Fatal(err)
-	}
-	e.Close()
-	key := planCacheKey(f, opts)
-	raw, err := os.ReadFile(onlyEntry(f, opts))
-	if err != nil {
-		f.Fatal(err)
-	}
+	e, raw := filledPlanCache(f)
+	key := planCacheKey(f, e.opts)
 	ent, err := unmarshalPlanCacheEntry(raw, key)
 	if err != nil {
 		f.Fatal(err)
@@ -692,17 +700,8 @@ func writeKey(t *testing.T, path string, key []byte, mode os.FileMode) {
 // machine weighs on all alike; each reports its median wall time and its
 // mean CPU time (the process's, so including the collector's) per open.
 func BenchmarkPlanCacheHit(b *testing.B) {
-	opts := signedDefaultOptions(b)
-	withPlanCache(b, &opts)
-	e, err := Open(context.Background(), opts)
-	if err != nil {
-		b.Fatal(err)
-	}
-	e.Close()
-	raw, err := os.ReadFile(onlyEntry(b, opts))
-	if err != nil {
-		b.Fatal(err)
-	}
+	e, raw := filledPlanCache(b)
+	opts := e.opts
 	sum := sha256.Sum256(raw[sha256.Size:]) // the digest format 2 kept
 	ctx := context.Background()
 	steps := []struct {
