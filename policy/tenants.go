@@ -108,7 +108,6 @@ func checkUnsignedTenants(signed map[string]any, tenants any) error {
 			}
 		}
 	}
-	bounds := map[string][]netip.Prefix{} // each tier's, parsed once
 	for _, name := range slices.Sorted(maps.Keys(obj)) {
 		if _, ok := signedTenants[name]; ok {
 			keys := "nothing"
@@ -132,15 +131,11 @@ func checkUnsignedTenants(signed map[string]any, tenants any) error {
 				return fmt.Errorf("tenant %q: namespace %q belongs to tenant %q of the signed bundle", name, ns, o)
 			}
 		}
-		b, ok := bounds[tierName]
-		if !ok {
-			var err error
-			if b, err = egressBound(tierName, tier); err != nil {
-				return err
-			}
-			bounds[tierName] = b
+		bound, err := egressBound(tierName, tier)
+		if err != nil {
+			return err
 		}
-		if err := checkEgressBound(name, t, tierName, b); err != nil {
+		if err := checkEgressBound(name, t, tierName, bound); err != nil {
 			return err
 		}
 	}
