@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -104,12 +105,7 @@ func verifySignature(raw []byte, vc *bundle.VerificationConfig, lim bundleLimits
 		}
 	}
 	if len(signed) != 0 {
-		missing := make([]string, 0, len(signed))
-		for name := range signed {
-			missing = append(missing, name)
-		}
-		slices.Sort(missing)
-		return fmt.Errorf("file(s) %v specified in bundle signatures but not found in the target bundle", missing)
+		return fmt.Errorf("file(s) %v specified in bundle signatures but not found in the target bundle", slices.Sorted(maps.Keys(signed)))
 	}
 	return nil
 }
