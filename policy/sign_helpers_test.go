@@ -161,6 +161,25 @@ func writeBundleDir(t testing.TB, files map[string]string) string {
 	return dir
 }
 
+// defaultModules are the default bundle's modules but its tests, from
+// file name to content.
+func defaultModules(t testing.TB) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	paths, _ := filepath.Glob(repoPath(t, "rego/*.rego"))
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.rego") {
+			continue
+		}
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[filepath.Base(p)] = string(raw)
+	}
+	return files
+}
+
 // signedDefaultOptions builds the default bundle as deploy/ and the e2e
 // nodes do (its modules without tests, .manifest, data.json) as a tarball
 // signed with a fresh key for scope "write", and returns the options a
@@ -169,24 +188,15 @@ func signedDefaultOptions(t testing.TB) Options {
 	t.Helper()
 	dir := t.TempDir()
 	kp := newKeyPair(t, dir, "node")
-	src := filepath.Join(dir, "src")
-	if err := os.Mkdir(src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	files, _ := filepath.Glob(repoPath(t, "rego/*.rego"))
-	files = append(files, repoPath(t, "rego/.manifest"), repoPath(t, "rego/data.json"))
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.rego") {
-			continue
-		}
-		data, err := os.ReadFile(f)
+	files := defaultModules(t)
+	for _, name := range []string{".manifest", "data.json"} {
+		data, err := os.ReadFile(repoPath(t, "rego/"+name))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(src, filepath.Base(f)), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		files[name] = string(data)
 	}
+	src := writeBundleDir(t, files)
 	tarball := filepath.Join(dir, "bundle.tar.gz")
 	buildBundle(t, src, tarball, &kp, "node", "write")
 	return Options{

@@ -19,18 +19,7 @@ const signedAgents = `{"agents": {"tier": "untrusted", "namespaces": ["agents"],
 // the tenants the security team signed. mod, when set, edits the data.
 func bundleWithTenants(t testing.TB, tenants string, mod func(data map[string]any)) string {
 	t.Helper()
-	files := map[string]string{}
-	paths, _ := filepath.Glob(repoPath(t, "rego/*.rego"))
-	for _, p := range paths {
-		if strings.HasSuffix(p, "_test.rego") {
-			continue
-		}
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[filepath.Base(p)] = string(raw)
-	}
+	files := defaultModules(t)
 	raw, err := os.ReadFile(repoPath(t, "rego/data.json"))
 	if err != nil {
 		t.Fatal(err)
