@@ -1,12 +1,12 @@
 package docs
 
 import (
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 )
 
 // TestREADMEConfigIsValid: the shim configuration the README shows is one
@@ -27,7 +27,7 @@ func TestREADMEConfigIsValid(t *testing.T) {
 			continue
 		}
 		n++
-		if _, err := runtime.ParseConfig([]byte(b.text)); err != nil {
+		if _, err := config.Parse([]byte(b.text)); err != nil {
 			t.Errorf("%s: the shim refuses the README's configuration: %v", b, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -37,7 +38,7 @@ func (r GCReport) Empty() bool {
 // SandboxAlive reports whether sandbox id still exists on the node: its
 // shim process runs, or runsc (gVisor) or runc (the runc tier) still has
 // state for it.
-func SandboxAlive(cfg Config, id string, shimPID int) bool {
+func SandboxAlive(cfg config.Config, id string, shimPID int) bool {
 	if shimPID > 0 && shimRunning(shimPID) {
 		return true
 	}

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,11 +12,11 @@ import (
 
 func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
 	dir := t.TempDir()
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.RunscRoot = filepath.Join(dir, "runsc")
 	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
-	cfg.MIG = MIGConfig{Backend: "mock", MockModel: "a100-80gb", MockGPUs: 1, MockState: filepath.Join(dir, "gpus.json")}
+	cfg.MIG = config.MIGConfig{Backend: "mock", MockModel: "a100-80gb", MockGPUs: 1, MockState: filepath.Join(dir, "gpus.json")}
 	cfg.Pipeline.Enabled, cfg.Pipeline.BenchmarkBaseline = false, true
 	cfg.Netpol.Enabled = false // never the node's own pins; test/e2e covers the fence
 	c, err := OpenComponents(context.Background(), cfg, false)

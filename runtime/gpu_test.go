@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,7 +141,7 @@ func TestAllocatorStrictOnRealGPUs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg := DefaultConfig()
+			cfg := config.Default()
 			cfg.MIG.Backend = tt.backend
 			// No NVML is opened: the pipeline gets the GPUs as the backend
 			// would list them, all in MIG mode.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -80,7 +81,7 @@ func (e *RefusedError) Error() string {
 // shim process builds its own; the node-wide state is the ledger, the MIG
 // backend's devices and the pinned eBPF maps.
 type Pipeline struct {
-	cfg Config
+	cfg config.Config
 	// runtime is what this shim runs pods in: policy.RuntimeGVisor or
 	// policy.RuntimeRunc. A decision for another runtime is refused.
 	runtime string
@@ -102,13 +103,13 @@ type Components struct {
 }
 
 // NewPipeline assembles a pipeline from its components.
-func NewPipeline(cfg Config, c Components) *Pipeline {
+func NewPipeline(cfg config.Config, c Components) *Pipeline {
 	return &Pipeline{cfg: cfg, runtime: policy.RuntimeGVisor, decider: c.Decider, ledger: c.Ledger, gpus: c.GPUs, backend: c.Backend, fence: c.Fence, failAt: failAtFromEnv()}
 }
 
 // OpenPipeline opens every component named by the configuration, for a
 // shim that runs pods in runtime (policy.RuntimeGVisor or policy.RuntimeRunc).
-func OpenPipeline(ctx context.Context, cfg Config, runtime string) (*Pipeline, error) {
+func OpenPipeline(ctx context.Context, cfg config.Config, runtime string) (*Pipeline, error) {
 	if runtime != policy.RuntimeGVisor && runtime != policy.RuntimeRunc {
 		return nil, fmt.Errorf("pipeline: runtime %q is not %s or %s", runtime, policy.RuntimeGVisor, policy.RuntimeRunc)
 	}
@@ -129,7 +130,7 @@ const PolicyCacheDir = "policy-cache"
 // OpenComponents opens the ledger, the MIG backend, the fence and (when
 // withPolicy) the policy engine named by cfg. The policy engine opens
 // while the others do: it is the slowest, and none of them needs it.
-func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Components, error) {
+func OpenComponents(ctx context.Context, cfg config.Config, withPolicy bool) (Components, error) {
 	var c Components
 	type opened struct {
 		engine *policy.Engine
@@ -183,7 +184,7 @@ func OpenComponents(ctx context.Context, cfg Config, withPolicy bool) (Component
 
 // openNodeComponents opens the ledger, the MIG backend and the fence into
 // c. The fence opens while the other two do: none needs another.
-func openNodeComponents(ctx context.Context, cfg Config, c *Components) error {
+func openNodeComponents(ctx context.Context, cfg config.Config, c *Components) error {
 	type opened struct {
 		fence *netpol.Manager
 		err   error
@@ -213,7 +214,7 @@ func openNodeComponents(ctx context.Context, cfg Config, c *Components) error {
 }
 
 // openLedgerAndMIG opens the ledger and the MIG backend into c.
-func openLedgerAndMIG(ctx context.Context, cfg Config, c *Components) error {
+func openLedgerAndMIG(ctx context.Context, cfg config.Config, c *Components) error {
 	var err error
 	t := time.Now()
 	if c.Ledger, err = OpenLedger(cfg.LedgerPath); err != nil {
@@ -249,7 +250,7 @@ func openLedgerAndMIG(ctx context.Context, cfg Config, c *Components) error {
 }
 
 // openFence opens the fence cfg names; nil when netpol.enabled is false.
-func openFence(ctx context.Context, cfg Config) (*netpol.Manager, error) {
+func openFence(ctx context.Context, cfg config.Config) (*netpol.Manager, error) {
 	if !cfg.Netpol.Enabled {
 		return nil, nil
 	}
@@ -258,11 +259,11 @@ func openFence(ctx context.Context, cfg Config) (*netpol.Manager, error) {
 	}
 	nopts := netpol.Options{PinDir: cfg.Netpol.PinDir, LockPath: cfg.Netpol.LockPath}
 	if len(cfg.Netpol.ClusterCIDRs) > 0 || len(cfg.Netpol.SharedServices) > 0 {
-		cc, err := cfg.Netpol.cluster()
+		cluster, shared, err := cfg.Netpol.ClusterPrefixes()
 		if err != nil {
 			return nil, err
 		}
-		nopts.Cluster = cc
+		nopts.Cluster = &netpol.ClusterConfig{ClusterCIDRs: cluster, SharedServices: shared}
 	}
 	fence, err := netpol.Open(ctx, nopts)
 	if err != nil {
@@ -339,7 +340,7 @@ func (p *Pipeline) Input(sb *Sandbox, spec *specs.Spec) (policy.Input, error) {
 	if spec.Linux != nil && len(spec.Linux.Sysctl) > 0 {
 		in.Pod.Sysctls = spec.Linux.Sysctl
 	}
-	if c, _ := containerOf(sandboxContainerName, spec, p.cfg.podFiles(sb, ""), nil); asksHost(c) {
+	if c, _ := containerOf(sandboxContainerName, spec, podFilesOf(p.cfg, sb, ""), nil); asksHost(c) {
 		in.Pod.Containers = []policy.Container{c}
 	}
 	if v := spec.Annotations[AnnotationSandboxMemory]; v != "" {
@@ -392,7 +393,7 @@ func (p *Pipeline) ContainerInput(sb *Sandbox, a *Admission, id string, spec *sp
 		in.Pod.Sysctls = spec.Linux.Sysctl
 	}
 	granted := p.RDMAGrant(a, sb).Devices
-	c, volumes := containerOf(name, spec, p.cfg.podFiles(sb, id), granted)
+	c, volumes := containerOf(name, spec, podFilesOf(p.cfg, sb, id), granted)
 	in.Pod.Containers, in.Pod.Volumes = []policy.Container{c}, volumes
 	return in
 }

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,11 +28,11 @@ func TestShimsSharePolicyPlanCache(t *testing.T) {
 	if err := os.WriteFile(tenants, []byte(testTenants), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
 	cfg.Netpol.Enabled = false // the fence needs root; test/e2e opens it
-	cfg.Policy = PolicyConfig{Bundle: tarball, KeyFile: pubKey, KeyID: node.BundleKeyID, Scope: node.BundleScope, Data: tenants}
+	cfg.Policy = config.PolicyConfig{Bundle: tarball, KeyFile: pubKey, KeyID: node.BundleKeyID, Scope: node.BundleScope, Data: tenants}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

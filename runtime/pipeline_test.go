@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,7 @@ func testPipeline(t *testing.T) *Pipeline {
 // testConfig is a node's configuration with the default bundle, the
 // tenants of testTenants, two mock H200s and the fence off (it needs root;
 // test/e2e runs it), every file in a fresh directory.
-func testConfig(t testing.TB) Config {
+func testConfig(t testing.TB) config.Config {
 	t.Helper()
 	dir := t.TempDir()
 	data := filepath.Join(dir, "tenants.json")
@@ -49,12 +50,12 @@ func testConfig(t testing.TB) Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.RunscRoot = filepath.Join(dir, "runsc")
 	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
-	cfg.Policy = PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
-	cfg.MIG = MIGConfig{Backend: "mock", MockModel: "h200", MockGPUs: 2, MockState: filepath.Join(dir, "gpus.json")}
+	cfg.Policy = config.PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
+	cfg.MIG = config.MIGConfig{Backend: "mock", MockModel: "h200", MockGPUs: 2, MockState: filepath.Join(dir, "gpus.json")}
 	cfg.Netpol.Enabled = false
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -247,10 +248,10 @@ func TestPipelineRefusesUnsignedBundle(t *testing.T) {
 		t.Fatal(err)
 	}
 	bundle, _ := filepath.Abs("../rego")
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
 	cfg.Netpol.Enabled = false
-	cfg.Policy = PolicyConfig{Bundle: bundle, KeyFile: keyFile, KeyID: "bulkhead", Scope: "bulkhead"}
+	cfg.Policy = config.PolicyConfig{Bundle: bundle, KeyFile: keyFile, KeyID: "bulkhead", Scope: "bulkhead"}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -275,9 +276,9 @@ func TestPodRefusedWhenTheFenceCannotLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	bundle, _ := filepath.Abs("../rego")
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
-	cfg.Policy = PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
+	cfg.Policy = config.PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
 	cfg.Netpol.PinDir = filepath.Join(notADir, "bulkhead") // bpffs cannot be mounted on a file
 	if !cfg.Netpol.Enabled {
 		t.Fatal("the fence must be on by default")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"slices"
@@ -30,7 +31,7 @@ const DefaultHandler = "bulkhead"
 // PodOptions say which shim a Pod serves and what its task service needs.
 type PodOptions struct {
 	// Config is the node's configuration.
-	Config Config
+	Config config.Config
 	// Runtime is the runtime the shim runs, policy.RuntimeGVisor or
 	// policy.RuntimeRunc; the policy's decision must name the same one.
 	Runtime string
@@ -53,7 +54,7 @@ type PodOptions struct {
 // sandbox is deleted. The shim's wrapper of its task service calls Create
 // and Deleted around the task service's own Create and Delete.
 type Pod struct {
-	cfg   Config
+	cfg   config.Config
 	state *StateDir
 	// runtime is the runtime this shim runs (policy.RuntimeGVisor or
 	// policy.RuntimeRunc); the policy's decision must name the same one.
@@ -112,7 +113,7 @@ type Opening struct {
 // runtime (policy.RuntimeGVisor or policy.RuntimeRunc); nil when cfg turns
 // the pipeline off. Only a shim that serves calls it: the shim's start and
 // delete invocations open nothing.
-func OpenEarly(cfg Config, runtime string) *Opening {
+func OpenEarly(cfg config.Config, runtime string) *Opening {
 	if !cfg.Pipeline.Enabled {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -33,7 +34,7 @@ func testBundle(t *testing.T, dir string, annotations map[string]string) string 
 // state directory, and that directory.
 func testPod(t *testing.T, check func(*Sandbox) error) (*Pod, *StateDir) {
 	t.Helper()
-	cfg := Config{StateDir: t.TempDir()}
+	cfg := config.Config{StateDir: t.TempDir()}
 	p, err := NewPod(PodOptions{
 		Config:       cfg,
 		Runtime:      policy.RuntimeRunc,
@@ -149,7 +150,7 @@ func TestPodTakesTheEarlyOpening(t *testing.T) {
 	broken.Policy.Bundle = filepath.Join(t.TempDir(), "missing")
 	for _, tt := range []struct {
 		name    string
-		cfg     Config
+		cfg     config.Config
 		wantErr string
 	}{
 		{"opens", cfg, ""},
@@ -193,7 +194,7 @@ func TestPodTakesTheEarlyOpening(t *testing.T) {
 			}
 		})
 	}
-	if OpenEarly(Config{}, policy.RuntimeGVisor) != nil {
+	if OpenEarly(config.Config{}, policy.RuntimeGVisor) != nil {
 		t.Error("OpenEarly with the pipeline off began opening one")
 	}
 }

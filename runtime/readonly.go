@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"time"
 
@@ -37,7 +38,7 @@ func OpenLedgerReadOnly(path string) (*Ledger, error) {
 // GPUsReadOnly returns the node's GPUs as the allocator sees them, per the
 // mig section of cfg, without creating state: a mock node whose state file
 // does not exist yet has no GPUs to report (nil, nil).
-func GPUsReadOnly(cfg Config) ([]mig.GPU, error) {
+func GPUsReadOnly(cfg config.Config) ([]mig.GPU, error) {
 	var nb *nvmlbackend.Backend
 	var err error
 	switch cfg.MIG.Backend {

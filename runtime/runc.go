@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
@@ -47,7 +48,7 @@ func RegisterRuncTaskService() {
 			if err != nil {
 				return nil, err
 			}
-			cfg, err := LoadConfig(ConfigPath())
+			cfg, err := config.Load(config.Path())
 			if err != nil {
 				return nil, err
 			}
@@ -65,13 +66,13 @@ func RegisterRuncTaskService() {
 // straight to runc's.
 type RuncTask struct {
 	taskAPI.TTRPCTaskService
-	cfg Config
+	cfg config.Config
 	pod *Pod
 }
 
 // NewRuncTask returns the pod's task service in front of next; opening is
 // the pipeline OpenEarly began opening, or nil.
-func NewRuncTask(cfg Config, next taskAPI.TTRPCTaskService, opening *Opening) (*RuncTask, error) {
+func NewRuncTask(cfg config.Config, next taskAPI.TTRPCTaskService, opening *Opening) (*RuncTask, error) {
 	pod, err := NewPod(PodOptions{
 		Config:  cfg,
 		Runtime: policy.RuntimeRunc,

@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/internal/fspath"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io/fs"
 	"path/filepath"
 	"slices"
@@ -40,7 +42,7 @@ var defaultCapabilities = []string{
 // are judged by their type (volumeOf).
 type podFiles struct {
 	// KubeletRoot, ContainerdRoot and ContainerdState are the node's
-	// directories (Config keys kubelet_root, containerd_root, containerd_state).
+	// directories (config.Config keys kubelet_root, containerd_root, containerd_state).
 	KubeletRoot, ContainerdRoot, ContainerdState string
 	// PodUID is the pod's Kubernetes UID; empty outside Kubernetes.
 	PodUID string
@@ -52,7 +54,7 @@ type podFiles struct {
 	resolve func(path string) (string, error)
 }
 
-func (c Config) podFiles(sb *Sandbox, containerID string) podFiles {
+func podFilesOf(c config.Config, sb *Sandbox, containerID string) podFiles {
 	return podFiles{
 		KubeletRoot: c.KubeletRoot, ContainerdRoot: c.ContainerdRoot, ContainerdState: c.ContainerdState,
 		PodUID: sb.UID, SandboxID: sb.ID, ContainerID: containerID,
@@ -80,14 +82,14 @@ func (f podFiles) own(p string) bool {
 		// The pod's image volumes: judged by type (workload.volume_type).
 		roots = append(roots, filepath.Join(f.ContainerdState, criPlugin, imageVolumeDir, f.SandboxID))
 	}
-	return slices.ContainsFunc(roots, func(root string) bool { return under(p, root) })
+	return slices.ContainsFunc(roots, func(root string) bool { return fspath.Under(p, root) })
 }
 
 // subPath reports whether p is a bind the kubelet made for a volumeMount's
 // subPath: it lives in the pod's directory but binds whatever the volume
 // holds, a hostPath's subdirectory included.
 func (f podFiles) subPath(p string) bool {
-	return f.PodUID != "" && f.KubeletRoot != "" && under(p, filepath.Join(f.KubeletRoot, "pods", f.PodUID, "volume-subpaths"))
+	return f.PodUID != "" && f.KubeletRoot != "" && fspath.Under(p, filepath.Join(f.KubeletRoot, "pods", f.PodUID, "volume-subpaths"))
 }
 
 // hostPath is the host path a bind mount's source will mount: cleaned,
@@ -116,11 +118,6 @@ func (f podFiles) hostPath(source string) string {
 	return p
 }
 
-// under reports whether p is root or lies below it.
-func under(p, root string) bool {
-	return p == root || strings.HasPrefix(p, root+"/") || root == "/"
-}
-
 // resolveBind finds what the bind mount at mountpoint p binds, as a host
 // path: the mount table gives the bound directory relative to its
 // filesystem (root), and another mount of the same filesystem tells where
@@ -145,7 +142,7 @@ func resolveBind(p string) (string, error) {
 		if m == bind || m.Major != bind.Major || m.Minor != bind.Minor || strings.Contains(m.Mountpoint, "/volume-subpaths/") {
 			continue
 		}
-		if !under(bind.Root, m.Root) || len(m.Root) <= bestRoot {
+		if !fspath.Under(bind.Root, m.Root) || len(m.Root) <= bestRoot {
 			continue
 		}
 		rel := strings.TrimPrefix(bind.Root, m.Root)
@@ -284,7 +281,7 @@ const imageVolumeDir = "image-volumes"
 // lies in, and its type as the pod spec would name it; ok is false when p
 // is none of the pod's volumes (its other own files, or a host path).
 func (f podFiles) volumeOf(p string) (v policy.Volume, ok bool) {
-	if volumes := filepath.Join(f.KubeletRoot, "pods", f.PodUID, "volumes"); f.PodUID != "" && f.KubeletRoot != "" && under(p, volumes) {
+	if volumes := filepath.Join(f.KubeletRoot, "pods", f.PodUID, "volumes"); f.PodUID != "" && f.KubeletRoot != "" && fspath.Under(p, volumes) {
 		// <plugin>/<name>/...; the kubelet binds a volume's own directory,
 		// so a bind above one (every volume of a plugin, or of the pod) is
 		// of no type the policy knows and is judged as "unknown".
@@ -303,7 +300,7 @@ func (f podFiles) volumeOf(p string) (v policy.Volume, ok bool) {
 		}
 		return policy.Volume{Name: name, Type: plugin.Type, MayBeClaim: plugin.Claim}, true
 	}
-	if images := filepath.Join(f.ContainerdState, criPlugin, imageVolumeDir, f.SandboxID); f.ContainerdState != "" && f.SandboxID != "" && under(p, images) {
+	if images := filepath.Join(f.ContainerdState, criPlugin, imageVolumeDir, f.SandboxID); f.ContainerdState != "" && f.SandboxID != "" && fspath.Under(p, images) {
 		image, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(p, images), "/"), "/")
 		if image == "" {
 			return policy.Volume{Type: "unknown"}, true

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/policy"
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 )
 
 // mains are the subcommands' entry points with their output redirectable.
@@ -58,7 +58,7 @@ func TestCLIHelpAndUsage(t *testing.T) {
 		{[]string{"policy", "eval"}, 2, "--bundle and --input are required"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			t.Setenv(runtime.ConfigEnv, filepath.Join(t.TempDir(), "absent.toml"))
+			t.Setenv(config.PathEnv, filepath.Join(t.TempDir(), "absent.toml"))
 			var stdout, stderr bytes.Buffer
 			code := mains[tc.args[0]](tc.args[1:], &stdout, &stderr)
 			if code != tc.code || !strings.Contains(stdout.String()+stderr.String(), tc.want) {

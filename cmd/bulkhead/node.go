@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io"
 	"net/netip"
 	"os"
@@ -50,7 +51,7 @@ func nodeMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fs := newFlagSet("node "+args[0], stderr)
-	cfgPath := fs.String("config", runtime.ConfigPath(), "shim configuration file")
+	cfgPath := fs.String("config", config.Path(), "shim configuration file")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -64,7 +65,7 @@ func nodeMain(args []string, stdout, stderr io.Writer) int {
 	}
 	// Neither subcommand loads the policy or runs runsc: validate only
 	// what they read, so a node's key file is not demanded to look at it.
-	cfg, err := runtime.LoadConfigFor(*cfgPath, runtime.UseNodeState)
+	cfg, err := config.LoadFor(*cfgPath, config.UseNodeState)
 	if err != nil {
 		fmt.Fprintf(stderr, "bulkhead node: --config: %v\n", err)
 		return 1
@@ -144,7 +145,7 @@ type TenantQuota struct {
 
 // nodeStatus reads the node's state read-only: the ledger, the GPUs and the
 // pinned fence are opened as they are and never created.
-func nodeStatus(cfg runtime.Config) (*NodeStatus, error) {
+func nodeStatus(cfg config.Config) (*NodeStatus, error) {
 	st := &NodeStatus{Drops: map[string]netpol.Stats{}, LedgerPath: cfg.LedgerPath, Fence: "enabled"}
 	if !cfg.Netpol.Enabled {
 		st.Fence = fenceDisabled

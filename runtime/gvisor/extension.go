@@ -3,6 +3,7 @@ package gvisor
 import (
 	"context"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"sync"
 
@@ -28,7 +29,7 @@ func RegisterPodExtension() {
 	var early struct {
 		once    sync.Once
 		loaded  bool
-		cfg     runtime.Config
+		cfg     config.Config
 		opening *runtime.Opening
 	}
 	registry.Register(&plugin.Registration{
@@ -37,7 +38,7 @@ func RegisterPodExtension() {
 		InitFn: func(ic *plugin.InitContext) (interface{}, error) {
 			// A configuration that does not load is reported by the
 			// sandbox's create, which loads it again.
-			if cfg, err := runtime.LoadConfig(runtime.ConfigPath()); err == nil {
+			if cfg, err := config.Load(config.Path()); err == nil {
 				early.loaded, early.cfg, early.opening = true, cfg, runtime.OpenEarly(cfg, policy.RuntimeGVisor)
 			}
 			return &early, nil
@@ -46,13 +47,13 @@ func RegisterPodExtension() {
 	extension.NewPodExtension = func(ctx context.Context, next extension.TaskServiceExt, req *task.CreateTaskRequest) (extension.TaskServiceExt, error) {
 		var (
 			loaded  bool
-			cfg     runtime.Config
+			cfg     config.Config
 			opening *runtime.Opening
 		)
 		early.once.Do(func() { loaded, cfg, opening = early.loaded, early.cfg, early.opening })
 		if !loaded {
 			var err error
-			if cfg, err = runtime.LoadConfig(runtime.ConfigPath()); err != nil {
+			if cfg, err = config.Load(config.Path()); err != nil {
 				return nil, err
 			}
 		}
@@ -70,11 +71,11 @@ type PodExtension struct {
 }
 
 // NewPodExtension returns the extension for one pod in front of next.
-func NewPodExtension(cfg runtime.Config, next extension.TaskServiceExt) (*PodExtension, error) {
+func NewPodExtension(cfg config.Config, next extension.TaskServiceExt) (*PodExtension, error) {
 	return newPodExtension(cfg, next, nil)
 }
 
-func newPodExtension(cfg runtime.Config, next extension.TaskServiceExt, opening *runtime.Opening) (*PodExtension, error) {
+func newPodExtension(cfg config.Config, next extension.TaskServiceExt, opening *runtime.Opening) (*PodExtension, error) {
 	pod, err := runtime.NewPod(runtime.PodOptions{
 		Config:  cfg,
 		Runtime: policy.RuntimeGVisor,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -68,7 +69,7 @@ func bundle(t *testing.T, dir, containerType string) string {
 
 func newTestExtension(t *testing.T) (*PodExtension, *fakeTasks, *runtime.StateDir) {
 	t.Helper()
-	cfg := runtime.Config{StateDir: t.TempDir()}
+	cfg := config.Config{StateDir: t.TempDir()}
 	tasks := &fakeTasks{t: t, configPaths: map[string]string{}}
 	p, err := NewPodExtension(cfg, tasks)
 	if err != nil {

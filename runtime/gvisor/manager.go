@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io"
 	"os"
 	"os/exec"
@@ -47,7 +48,7 @@ func (manager) Name() string { return RuntimeType }
 // the container's bundle directory, and either returns the address of the
 // pod's running shim or starts a new one.
 func (manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ shim.BootstrapParams, retErr error) {
-	cfg, err := runtime.LoadConfig(runtime.ConfigPath())
+	cfg, err := config.Load(config.Path())
 	if err != nil {
 		return shim.BootstrapParams{}, err
 	}
@@ -174,7 +175,7 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		}
 	}
 	if annotations, err := readBundleAnnotations(bundle); err == nil && annotations[runtime.AnnotationContainerType] == runtime.ContainerTypeSandbox {
-		if cfg, err := runtime.LoadConfig(runtime.ConfigPath()); err == nil {
+		if cfg, err := config.Load(config.Path()); err == nil {
 			// The shim died with the sandbox: release what it held.
 			if cfg.Pipeline.Enabled {
 				if c, err := runtime.OpenComponents(ctx, cfg, false); err != nil {

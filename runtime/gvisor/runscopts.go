@@ -3,6 +3,7 @@ package gvisor
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 
@@ -12,7 +13,6 @@ import (
 	gvisorrunsc "gvisor.dev/gvisor/pkg/shim/v1/runsc"
 	"gvisor.dev/gvisor/pkg/shim/v1/runtimeoptions"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 )
 
 // runtimeOptionsTypeURL names gVisor's runtime options when Bulkhead hands
@@ -27,7 +27,7 @@ func init() {
 }
 
 // runscOptions maps Bulkhead's configuration to gVisor's shim options.
-func runscOptions(cfg runtime.Config) gvisorrunsc.Options {
+func runscOptions(cfg config.Config) gvisorrunsc.Options {
 	opts := gvisorrunsc.Options{
 		BinaryName:  cfg.RunscPath,
 		Root:        cfg.RunscRoot,
@@ -46,7 +46,7 @@ func runscOptions(cfg runtime.Config) gvisorrunsc.Options {
 }
 
 // encodeRunscOptions renders gVisor's options as the TOML its library reads.
-func encodeRunscOptions(cfg runtime.Config) ([]byte, error) {
+func encodeRunscOptions(cfg config.Config) ([]byte, error) {
 	data, err := toml.Marshal(runscOptions(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("encode runsc options: %w", err)
@@ -55,7 +55,7 @@ func encodeRunscOptions(cfg runtime.Config) ([]byte, error) {
 }
 
 // writeRunscOptions writes gVisor's options file at path.
-func writeRunscOptions(path string, cfg runtime.Config) error {
+func writeRunscOptions(path string, cfg config.Config) error {
 	data, err := encodeRunscOptions(cfg)
 	if err != nil {
 		return err

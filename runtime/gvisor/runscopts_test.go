@@ -1,14 +1,14 @@
 package gvisor
 
 import (
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 )
 
 func TestRunscOptionsRoundTrip(t *testing.T) {
-	cfg, err := runtime.ParseConfig([]byte("[pipeline]\nenabled=false\nbenchmark_baseline=true\n[runsc]\nextra_flags=[\"overlay2=none\"]\n"))
+	cfg, err := config.Parse([]byte("[pipeline]\nenabled=false\nbenchmark_baseline=true\n[runsc]\nextra_flags=[\"overlay2=none\"]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package runtime
+// Package config is the node's configuration file, /etc/bulkhead/config.toml,
+// read by the node agent, both shims and `bulkhead node`. It imports nothing
+// of the policy engine, the fence or the GPU backends, so that a shim that
+// links it links none of them.
+package config
 
 import (
 	"bytes"
@@ -12,16 +16,15 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/bulkhead-runtime/bulkhead/internal/fspath"
 	"github.com/bulkhead-runtime/bulkhead/mig/inject"
-	"github.com/bulkhead-runtime/bulkhead/netpol"
-	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
-// DefaultConfigPath is where the shim reads its configuration unless the
-// environment variable named by ConfigEnv overrides it.
+// DefaultPath is where the shim reads its configuration unless the
+// environment variable named by PathEnv overrides it.
 const (
-	DefaultConfigPath = "/etc/bulkhead/config.toml"
-	ConfigEnv         = "BULKHEAD_CONFIG"
+	DefaultPath = "/etc/bulkhead/config.toml"
+	PathEnv     = "BULKHEAD_CONFIG"
 )
 
 // Config is the shim's own configuration file. containerd's CRI runtime
@@ -57,6 +60,8 @@ type Config struct {
 	Runsc RunscConfig `toml:"runsc"`
 	// Policy locates the signed policy bundle.
 	Policy PolicyConfig `toml:"policy"`
+	// Agent locates the node agent, which the shims call for every pod.
+	Agent AgentConfig `toml:"agent"`
 	// Pipeline switches the placement pipeline (policy, quota, MIG, fence).
 	Pipeline PipelineConfig `toml:"pipeline"`
 	// MIG selects the GPU backend.
@@ -117,6 +122,23 @@ type PolicyConfig struct {
 	PlanCacheKey string `toml:"plan_cache_key"`
 }
 
+// AgentConfig locates the node agent (bulkhead-agent): one process per
+// node holding the policy, the ledger, the GPU backend and the fence.
+type AgentConfig struct {
+	// Socket is the agent's unix socket. The shims call it for every pod;
+	// it is created 0600 and answers only root callers.
+	Socket string `toml:"socket"`
+	// MetricsAddress is where the agent serves Prometheus' /metrics
+	// (host:port); "" serves none.
+	MetricsAddress string `toml:"metrics_address"`
+	// Kubeconfig is the file the agent reaches the API server with, to
+	// emit Kubernetes Events on refused pods; "" uses the pod's service
+	// account when the agent runs in a pod, and emits no Events otherwise.
+	Kubeconfig string `toml:"kubeconfig"`
+	// NodeName is this node's name in Events; "" is the host name.
+	NodeName string `toml:"node_name"`
+}
+
 // PipelineConfig switches the placement pipeline.
 type PipelineConfig struct {
 	// Enabled runs the pipeline for every sandbox. When false the shim only
@@ -172,29 +194,31 @@ type NetpolConfig struct {
 	SharedServices map[string][]string `toml:"shared_services"`
 }
 
-func (n NetpolConfig) cluster() (*netpol.ClusterConfig, error) {
-	cc := &netpol.ClusterConfig{SharedServices: map[string][]netip.Prefix{}}
+// ClusterPrefixes parses cluster_cidrs and shared_services, naming the
+// first entry that is not a CIDR.
+func (n NetpolConfig) ClusterPrefixes() (cluster []netip.Prefix, shared map[string][]netip.Prefix, err error) {
+	shared = map[string][]netip.Prefix{}
 	for i, c := range n.ClusterCIDRs {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
-			return nil, fmt.Errorf("netpol.cluster_cidrs[%d]: %q is not a CIDR", i, c)
+			return nil, nil, fmt.Errorf("netpol.cluster_cidrs[%d]: %q is not a CIDR", i, c)
 		}
-		cc.ClusterCIDRs = append(cc.ClusterCIDRs, p)
+		cluster = append(cluster, p)
 	}
 	for tier, cidrs := range n.SharedServices {
 		for i, c := range cidrs {
 			p, err := netip.ParsePrefix(c)
 			if err != nil {
-				return nil, fmt.Errorf("netpol.shared_services.%s[%d]: %q is not a CIDR", tier, i, c)
+				return nil, nil, fmt.Errorf("netpol.shared_services.%s[%d]: %q is not a CIDR", tier, i, c)
 			}
-			cc.SharedServices[tier] = append(cc.SharedServices[tier], p)
+			shared[tier] = append(shared[tier], p)
 		}
 	}
-	return cc, nil
+	return cluster, shared, nil
 }
 
-// DefaultConfig is the configuration used for keys the file leaves out.
-func DefaultConfig() Config {
+// Default is the configuration used for keys the file leaves out.
+func Default() Config {
 	return Config{
 		RunscPath:       "/usr/local/bin/runsc",
 		RuncPath:        "/usr/local/bin/runc",
@@ -206,29 +230,30 @@ func DefaultConfig() Config {
 		ContainerdRoot:  "/var/lib/containerd",
 		ContainerdState: "/run/containerd",
 		Runsc:           RunscConfig{Platform: "systrap", Network: "sandbox"},
+		Agent:           AgentConfig{Socket: "/run/bulkhead/agent.sock"},
 		Pipeline:        PipelineConfig{Enabled: true},
 		MIG:             MIGConfig{Backend: "none", MockModel: "h200", MockGPUs: 1, MockState: "/var/lib/bulkhead/mock-gpus.json", CDISpecDir: inject.DefaultCDISpecDir},
 		Netpol:          NetpolConfig{Enabled: true, PinDir: "/sys/fs/bpf/bulkhead", LockPath: "/run/bulkhead/netpol.lock"},
 	}
 }
 
-// ConfigPath returns the configuration path from the environment or the default.
-func ConfigPath() string {
-	if p := os.Getenv(ConfigEnv); p != "" {
+// Path returns the configuration path from the environment or the default.
+func Path() string {
+	if p := os.Getenv(PathEnv); p != "" {
 		return p
 	}
-	return DefaultConfigPath
+	return DefaultPath
 }
 
-// ConfigUse is what a command does with the configuration. Validation
+// Use is what a command does with the configuration. Validation
 // checks the keys that use reads and no others, so that a read-only look at
 // a node does not demand, say, the key of a policy it never loads. Unknown
 // keys are refused whatever the use.
-type ConfigUse int
+type Use int
 
 const (
-	// UseShim is the shim's use: every key is checked.
-	UseShim ConfigUse = iota
+	// UseNode is the agent's and the shims' use: every key is checked.
+	UseNode Use = iota
 	// UseNodeState is `bulkhead node status` and `bulkhead node gc`: the
 	// node's paths, mig.* and netpol.* are checked; runsc.*, rdma.* and
 	// policy.* are not (neither command runs runsc or loads the policy;
@@ -237,20 +262,20 @@ const (
 	UseNodeState
 )
 
-// LoadConfig reads the configuration file at path and validates it for the
+// Load reads the configuration file at path and validates it for the
 // shim (every key).
-func LoadConfig(path string) (Config, error) {
-	return LoadConfigFor(path, UseShim)
+func Load(path string) (Config, error) {
+	return LoadFor(path, UseNode)
 }
 
-// LoadConfigFor reads the configuration file at path and validates the keys
+// LoadFor reads the configuration file at path and validates the keys
 // that use reads.
-func LoadConfigFor(path string, use ConfigUse) (Config, error) {
+func LoadFor(path string, use Use) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}
-	cfg, err := decodeConfig(data)
+	cfg, err := decode(data)
 	if err == nil {
 		err = cfg.ValidateFor(use)
 	}
@@ -260,10 +285,10 @@ func LoadConfigFor(path string, use ConfigUse) (Config, error) {
 	return cfg, nil
 }
 
-// ParseConfig decodes a configuration document strictly (unknown keys are
-// refused) over DefaultConfig and validates it for the shim.
-func ParseConfig(data []byte) (Config, error) {
-	cfg, err := decodeConfig(data)
+// Parse decodes a configuration document strictly (unknown keys are
+// refused) over Default and validates it for the shim.
+func Parse(data []byte) (Config, error) {
+	cfg, err := decode(data)
 	if err != nil {
 		return Config{}, err
 	}
@@ -273,9 +298,9 @@ func ParseConfig(data []byte) (Config, error) {
 	return cfg, nil
 }
 
-// decodeConfig decodes a configuration document strictly over DefaultConfig.
-func decodeConfig(data []byte) (Config, error) {
-	cfg := DefaultConfig()
+// decode decodes a configuration document strictly over Default.
+func decode(data []byte) (Config, error) {
+	cfg := Default()
 	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
 	if err := dec.Decode(&cfg); err != nil {
 		var strict *toml.StrictMissingError
@@ -299,18 +324,22 @@ func decodeConfig(data []byte) (Config, error) {
 var (
 	validPlatforms = []string{"systrap", "ptrace", "kvm"}
 	validNetworks  = []string{"sandbox", "host", "none"}
+	// Evaluators are policy.Options.Evaluator's names ("" is the default,
+	// plan), here so that the shims need not link the policy engine;
+	// runtime's TestConfigEvaluatorsArePolicys keeps them policy's.
+	Evaluators = []string{"", "plan", "topdown"}
 	// reservedFlags are set by the shim itself and may not be overridden.
 	reservedFlags = []string{"root", "platform", "network", "debug", "debug-log", "log", "log-format"}
 )
 
-// Validate checks every field and names the first bad one.
+// Validate checks every field (as the agent and shims read them) and names the first bad one.
 func (c Config) Validate() error {
-	return c.ValidateFor(UseShim)
+	return c.ValidateFor(UseNode)
 }
 
-// ValidateFor checks the fields that use reads (see ConfigUse) and names
+// ValidateFor checks the fields that use reads (see Use) and names
 // the first bad one.
-func (c Config) ValidateFor(use ConfigUse) error {
+func (c Config) ValidateFor(use Use) error {
 	for _, p := range []struct{ key, val string }{
 		{"runsc_path", c.RunscPath}, {"runc_path", c.RuncPath}, {"runc_root", c.RuncRoot}, {"runsc_root", c.RunscRoot}, {"state_dir", c.StateDir}, {"ledger_path", c.LedgerPath},
 		{"kubelet_root", c.KubeletRoot}, {"containerd_root", c.ContainerdRoot}, {"containerd_state", c.ContainerdState},
@@ -322,11 +351,17 @@ func (c Config) ValidateFor(use ConfigUse) error {
 			return fmt.Errorf("%s: %q must be an absolute path", p.key, p.val)
 		}
 	}
+	if !filepath.IsAbs(c.Agent.Socket) {
+		return fmt.Errorf("agent.socket: %q must be an absolute path", c.Agent.Socket)
+	}
+	if c.Agent.Kubeconfig != "" && !filepath.IsAbs(c.Agent.Kubeconfig) {
+		return fmt.Errorf("agent.kubeconfig: %q must be an absolute path", c.Agent.Kubeconfig)
+	}
 	if c.LogDir != "" && !filepath.IsAbs(c.LogDir) {
 		return fmt.Errorf("log_dir: %q must be an absolute path", c.LogDir)
 	}
-	if use == UseShim {
-		if err := c.validateShimOnly(); err != nil {
+	if use == UseNode {
+		if err := c.validateNodeOnly(); err != nil {
 			return err
 		}
 	}
@@ -345,7 +380,7 @@ func (c Config) ValidateFor(use ConfigUse) error {
 	if c.MIG.CDISpecDir != "" && !filepath.IsAbs(c.MIG.CDISpecDir) {
 		return fmt.Errorf("mig.cdi_spec_dir: %q must be an absolute path (or \"\" to write no CDI specs)", c.MIG.CDISpecDir)
 	}
-	if _, err := c.Netpol.cluster(); err != nil {
+	if _, _, err := c.Netpol.ClusterPrefixes(); err != nil {
 		return err
 	}
 	if c.Netpol.Enabled && (c.Netpol.PinDir == "" || !filepath.IsAbs(c.Netpol.PinDir)) {
@@ -354,9 +389,9 @@ func (c Config) ValidateFor(use ConfigUse) error {
 	return nil
 }
 
-// validateShimOnly checks what only the shim reads: runsc's flags, the
+// validateNodeOnly checks what only the agent and the shims read: runsc's flags, the
 // tenants' RDMA devices and the policy.
-func (c Config) validateShimOnly() error {
+func (c Config) validateNodeOnly() error {
 	if !slices.Contains(validPlatforms, c.Runsc.Platform) {
 		return fmt.Errorf("runsc.platform: %q is not one of %s", c.Runsc.Platform, strings.Join(validPlatforms, ", "))
 	}
@@ -382,8 +417,8 @@ func (c Config) validateShimOnly() error {
 	if c.Pipeline.Enabled && c.Policy.Bundle == "" {
 		return errors.New("policy.bundle: must be set while pipeline.enabled is true (the pipeline fails closed without a policy)")
 	}
-	if !policy.KnownEvaluator(c.Policy.Evaluator) {
-		return fmt.Errorf("policy.evaluator: %q is not one of %s, %s", c.Policy.Evaluator, policy.EvaluatorPlan, policy.EvaluatorTopdown)
+	if !slices.Contains(Evaluators, c.Policy.Evaluator) {
+		return fmt.Errorf("policy.evaluator: %q is not one of %s", c.Policy.Evaluator, strings.Join(Evaluators[1:], ", "))
 	}
 	if c.Policy.MaxBundleBytes < 0 || c.Policy.MaxBundleFiles < 0 {
 		return fmt.Errorf("policy.max_bundle_bytes %d, policy.max_bundle_files %d: must not be negative (0: the default)", c.Policy.MaxBundleBytes, c.Policy.MaxBundleFiles)
@@ -423,7 +458,7 @@ func (c Config) checkPlanCacheKey() error {
 		}
 		return filepath.Clean(p)
 	}
-	if under(filepath.Clean(key), filepath.Clean(c.StateDir)) || under(filepath.Join(resolve(filepath.Dir(key)), filepath.Base(key)), resolve(c.StateDir)) {
+	if fspath.Under(filepath.Clean(key), filepath.Clean(c.StateDir)) || fspath.Under(filepath.Join(resolve(filepath.Dir(key)), filepath.Base(key)), resolve(c.StateDir)) {
 		return fmt.Errorf("%s: %q lies under state_dir %q, which holds the plan cache it authenticates: a writer of state_dir could read or replace it; set it outside", setting, key, c.StateDir)
 	}
 	return nil

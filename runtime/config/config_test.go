@@ -1,4 +1,4 @@
-package runtime
+package config
 
 import (
 	"os"
@@ -92,7 +92,7 @@ enabled = true
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := ParseConfig([]byte(tt.doc))
+			c, err := Parse([]byte(tt.doc))
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want it to contain %q", err, tt.wantErr)
@@ -114,23 +114,23 @@ func TestLoadConfigNamesTheFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte("bogus = 1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := LoadConfig(path)
+	_, err := Load(path)
 	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "bogus") {
 		t.Fatalf("error = %v, want the path and the key", err)
 	}
-	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.toml")); err == nil {
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.toml")); err == nil {
 		t.Fatal("missing file: want an error")
 	}
 }
 
 func TestConfigPathFromEnvironment(t *testing.T) {
-	t.Setenv(ConfigEnv, "")
-	if got := ConfigPath(); got != DefaultConfigPath {
-		t.Errorf("ConfigPath() = %q, want default", got)
+	t.Setenv(PathEnv, "")
+	if got := Path(); got != DefaultPath {
+		t.Errorf("Path() = %q, want default", got)
 	}
-	t.Setenv(ConfigEnv, "/tmp/x.toml")
-	if got := ConfigPath(); got != "/tmp/x.toml" {
-		t.Errorf("ConfigPath() = %q", got)
+	t.Setenv(PathEnv, "/tmp/x.toml")
+	if got := Path(); got != "/tmp/x.toml" {
+		t.Errorf("Path() = %q", got)
 	}
 }
 
@@ -138,22 +138,22 @@ func TestConfigPathFromEnvironment(t *testing.T) {
 // installed from deploy/ runs with: its fence must be on, with the cluster's
 // ranges and per-tier shared services filled in.
 func TestDeployedConfigFencesTheNode(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "deploy", "node", "config.toml"))
+	cfg, err := Load(filepath.Join("..", "..", "deploy", "node", "config.toml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !cfg.Netpol.Enabled {
 		t.Fatal("deploy/node/config.toml: netpol.enabled is false: nodes installed from deploy/ would run unfenced")
 	}
-	cc, err := cfg.Netpol.cluster()
+	cluster, shared, err := cfg.Netpol.ClusterPrefixes()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cc.ClusterCIDRs) == 0 {
+	if len(cluster) == 0 {
 		t.Error("deploy/node/config.toml: netpol.cluster_cidrs is empty")
 	}
 	for _, tier := range []string{"untrusted", "standard", "trusted"} {
-		if len(cc.SharedServices[tier]) == 0 {
+		if len(shared[tier]) == 0 {
 			t.Errorf("deploy/node/config.toml: netpol.shared_services.%s is empty", tier)
 		}
 	}
@@ -167,7 +167,7 @@ func TestFenceIsOnUnlessTurnedOff(t *testing.T) {
 		"[pipeline]\nenabled = false\nbenchmark_baseline = true\n[netpol]\n":                  true,
 		"[pipeline]\nenabled = false\nbenchmark_baseline = true\n[netpol]\nenabled = false\n": false,
 	} {
-		cfg, err := ParseConfig([]byte(doc))
+		cfg, err := Parse([]byte(doc))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,10 +205,10 @@ func TestValidateForUse(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, u := range []struct {
-				use  ConfigUse
+				use  Use
 				want string
-			}{{UseShim, tt.shimErr}, {UseNodeState, tt.stateErr}} {
-				_, err := LoadConfigFor(path, u.use)
+			}{{UseNode, tt.shimErr}, {UseNodeState, tt.stateErr}} {
+				_, err := LoadFor(path, u.use)
 				switch {
 				case u.want == "" && err != nil:
 					t.Errorf("use %d: %v, want valid", u.use, err)
@@ -223,7 +223,7 @@ func TestValidateForUse(t *testing.T) {
 	if err := os.WriteFile(path, []byte("[policy]\nkey_fil = \"/k\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadConfigFor(path, UseNodeState); err == nil || !strings.Contains(err.Error(), "unknown key(s) policy.key_fil") {
+	if _, err := LoadFor(path, UseNodeState); err == nil || !strings.Contains(err.Error(), "unknown key(s) policy.key_fil") {
 		t.Errorf("unknown key for UseNodeState: %v", err)
 	}
 }
@@ -239,7 +239,7 @@ func TestPlanCacheKeyUnderStateDirThroughALink(t *testing.T) {
 	if err := os.Symlink(state, filepath.Join(dir, "keys")); err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig()
+	cfg := Default()
 	cfg.Pipeline.Enabled, cfg.Pipeline.BenchmarkBaseline = false, true
 	cfg.StateDir = state
 	cfg.Policy.PlanCacheKey = filepath.Join(dir, "keys", "plan-cache.key")
