@@ -50,7 +50,7 @@ func startNode(t testing.TB, opts node.Options) *node.Node {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("containerd log (tail):\n%s", tail(n.Log(), 60))
+			t.Logf("containerd and agent logs (tail):\n%s", tail(n.Log(), 120))
 			logs, _ := exec.Command("sh", "-c", "tail -n 40 "+filepath.Join(n.Dir(), "logs")+"/*/* 2>/dev/null | head -200").Output()
 			t.Logf("runsc logs (tail):\n%s", logs)
 		}

@@ -59,7 +59,7 @@ func startPipelineNodeTenants(t testing.TB, dualStack bool, tenantsJSON string) 
 	if err := node.Requirements(node.BinDirs()); err != nil {
 		t.Skipf("e2e: %v", err)
 	}
-	shim, err := node.FailpointShim()
+	agent, err := node.FailpointAgent()
 	if err != nil {
 		t.Skipf("e2e: %v", err)
 	}
@@ -96,7 +96,7 @@ func startPipelineNodeTenants(t testing.TB, dualStack bool, tenantsJSON string) 
 	// could still open the fence) is gone.
 	t.Cleanup(func() { _ = os.RemoveAll(pn.pinDir) })
 	pn.Node = startNode(t, node.Options{
-		Dir: dir, Subnet: subnet, Subnet6: subnet6, PipelineEnabled: true, ShimConfig: extra, Shim: shim,
+		Dir: dir, Subnet: subnet, Subnet6: subnet6, PipelineEnabled: true, ShimConfig: extra, Agent: agent,
 		Env: []string{bhruntime.FailAtEnv + "=@" + pn.failFile},
 	})
 	return pn

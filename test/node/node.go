@@ -1,8 +1,10 @@
 // Package node starts a private local node for tests, benchmarks and the
 // demo: a containerd with its own root, state, socket and CNI bridge, the
-// Bulkhead shim registered as runtime handler "bulkhead", and the local
-// busybox images imported. Nothing it creates lives outside its directory
-// except the bridge interface and the veths CNI makes, which Stop removes.
+// Bulkhead shim registered as runtime handler "bulkhead", the node agent
+// (bulkhead-agent) that the shims call for every pod when the pipeline is
+// on, and the local busybox images imported. Nothing it creates lives
+// outside its directory except the bridge interface and the veths CNI
+// makes, which Stop removes.
 package node
 
 import (
@@ -24,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/test/images"
 )
 
@@ -66,16 +69,32 @@ type Options struct {
 	// e.g. "fd88:7::/64"): pods get an address of each family.
 	Subnet6 string
 	// Shim is the shim binary to register; empty looks up
-	// containerd-shim-bulkhead-v1 in BinDir. FailpointShim finds the test
-	// build that honours the pipeline's failpoints.
+	// containerd-shim-bulkhead-v1 in BinDir.
 	Shim string
-	// ShimConfig is extra TOML appended to the shim's config (policy, pipeline).
+	// Agent is the node agent binary, started when PipelineEnabled; empty
+	// is AgentPath(BinDir). FailpointAgent finds the test build that
+	// honours the pipeline's failpoints (runtime.FailAtEnv, through Env).
+	Agent string
+	// ShimConfig is extra TOML appended to the node's file (policy, mig,
+	// netpol sections). It comes after every section Start writes, so it
+	// cannot add keys to them; [agent] is set by the Agent* fields.
 	ShimConfig string
-	// PipelineEnabled switches Bulkhead's placement pipeline.
+	// PipelineEnabled switches Bulkhead's placement pipeline; with it the
+	// node runs the agent, without which every sandbox create is refused.
 	PipelineEnabled bool
+	// AgentKubeconfig is the kubeconfig the agent emits Kubernetes Events
+	// with ([agent] kubeconfig); empty emits none.
+	AgentKubeconfig string
+	// AgentNodeName is the node's name in the agent's Events ([agent]
+	// node_name); empty is the host name.
+	AgentNodeName string
+	// AgentMetricsAddress is where the agent serves /metrics ([agent]
+	// metrics_address, e.g. "127.0.0.1:0"); empty serves none.
+	AgentMetricsAddress string
 	// Busybox is the busybox-static binary the images are built from.
 	Busybox string
-	// Env is added to containerd's (and so the shims') environment.
+	// Env is added to containerd's (and so the shims') environment and to
+	// the agent's.
 	Env []string
 	// KubeletRoot is the kubelet's --root-dir when a kubelet drives this
 	// node (test/cluster): the shim tells a pod's own volumes from host
@@ -102,6 +121,13 @@ type Node struct {
 	// UpstreamRunscRoot is the runsc root of the pods of gVisor's own shim
 	// (handler UpstreamRunscHandler), apart from Bulkhead's RunscRoot.
 	UpstreamRunscRoot string
+	// agentBin is the agent's binary, found when it is first started.
+	agentBin string
+	// agentSocket is the node file's [agent] socket.
+	agentSocket string
+	// agent is the agent's last process, running or exited; nil before
+	// the first start.
+	agent *agentProcess
 }
 
 // Requirements reports what this machine lacks to run a node, or nil.
@@ -113,6 +139,9 @@ func Requirements(binDirs []string) error {
 		if _, err := lookPath(bin, binDirs); err != nil {
 			return fmt.Errorf("needs %s (run `make build tools`)", bin)
 		}
+	}
+	if _, err := AgentPath(binDirs); err != nil {
+		return err
 	}
 	for _, p := range []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback"} {
 		if _, err := os.Stat(p); err != nil {
@@ -138,21 +167,35 @@ func lookPath(bin string, dirs []string) (string, error) {
 	return exec.LookPath(bin)
 }
 
-// FailpointShim returns the shim built with the bulkhead_failpoints tag
-// (`make build-failpoints`: $BULKHEAD_BIN/failpoints), which fails or
-// hangs pipeline steps on request; production shims ignore that request.
-func FailpointShim() (string, error) {
-	var dirs []string
-	for _, d := range BinDirs() {
-		dirs = append(dirs, filepath.Join(d, "failpoints"))
-	}
-	for _, d := range dirs {
-		p := filepath.Join(d, "containerd-shim-bulkhead-v1")
+// AgentPath finds the node agent in binDirs: the build linked with the GPU
+// mock (bin/mockgpu/bulkhead-agent, `make build`), which a node file with
+// mig.backend = "mock" needs, in any of them first; then bulkhead-agent in
+// them or on PATH.
+func AgentPath(binDirs []string) (string, error) {
+	for _, d := range binDirs {
+		p := filepath.Join(d, "mockgpu", agentBinary)
 		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
 			return p, nil
 		}
 	}
-	return "", errors.New("needs the failpoints shim (run `make build-failpoints`)")
+	if p, err := lookPath(agentBinary, binDirs); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("needs %s (run `make build`)", agentBinary)
+}
+
+// FailpointAgent returns the agent built with the bulkhead_failpoints tag
+// (`make build-failpoints`: $BULKHEAD_BIN/failpoints), which fails or
+// hangs pipeline steps on request (runtime.FailAtEnv in Options.Env);
+// production agents ignore that request.
+func FailpointAgent() (string, error) {
+	for _, d := range BinDirs() {
+		p := filepath.Join(d, "failpoints", agentBinary)
+		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("needs the failpoints %s (run `make build-failpoints`)", agentBinary)
 }
 
 // BinDirs returns the directories binaries are looked up in: $BULKHEAD_BIN,
@@ -258,9 +301,6 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	if opts.Busybox == "" {
 		opts.Busybox = images.DefaultBusybox
 	}
-	if err := os.MkdirAll(opts.Dir, 0o711); err != nil {
-		return nil, err
-	}
 	n := &Node{
 		opts:              opts,
 		Socket:            filepath.Join(opts.Dir, "containerd.sock"),
@@ -268,6 +308,17 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 		RunscRoot:         filepath.Join(opts.Dir, "runsc"),
 		UpstreamRunscRoot: filepath.Join(opts.Dir, "upstream-runsc"),
 		ShimConf:          filepath.Join(opts.Dir, "bulkhead.toml"),
+		agentBin:          opts.Agent,
+		agentSocket:       filepath.Join(opts.Dir, "agent.sock"),
+	}
+	// A unix socket's path is at most 107 bytes (sun_path).
+	for _, sock := range []string{n.Socket, n.agentSocket} {
+		if len(sock) > 107 {
+			return nil, fmt.Errorf("dir %q: socket %s is longer than a unix socket's 107 bytes", opts.Dir, sock)
+		}
+	}
+	if err := os.MkdirAll(opts.Dir, 0o711); err != nil {
+		return nil, err
 	}
 	defer func() {
 		if retErr != nil {
@@ -327,29 +378,15 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	if runc == "" {
 		runc = "/usr/local/bin/runc" // not used: the runc tier is not registered
 	}
-	var kubeletRoot string
-	if opts.KubeletRoot != "" {
-		kubeletRoot = fmt.Sprintf("kubelet_root = %q\n", opts.KubeletRoot)
-	}
-	shimConf := fmt.Sprintf(`%srunsc_path = %q
-runc_path = %q
-runc_root = %q
-runsc_root = %q
-state_dir = %q
-ledger_path = %q
-log_dir = %q
-containerd_root = %q
-containerd_state = %q
-[runsc]
-platform = %q
-network = %q
-[pipeline]
-enabled = %t
-benchmark_baseline = %t
-%s`, kubeletRoot, runsc, runc, filepath.Join(opts.Dir, "runc-root"), n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
-		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), runscPlatform, runscNetwork, opts.PipelineEnabled, !opts.PipelineEnabled, opts.ShimConfig)
-	if err := os.WriteFile(n.ShimConf, []byte(shimConf), 0o644); err != nil {
+	if err := os.WriteFile(n.ShimConf, []byte(n.nodeFile(runsc, runc)), 0o644); err != nil {
 		return nil, err
+	}
+	if opts.PipelineEnabled {
+		// The agent serves before containerd starts, as on a node whose
+		// DaemonSet runs it: no sandbox create can come before it.
+		if err := n.StartAgent(ctx); err != nil {
+			return nil, err
+		}
 	}
 
 	n.containerd = containerd
@@ -373,6 +410,42 @@ benchmark_baseline = %t
 		return nil, err
 	}
 	return n, nil
+}
+
+// nodeFile is the node's configuration file (config.toml; the agent and
+// both shims read it): the node's paths, the pipeline's switch and the
+// agent's socket, then Options.ShimConfig. [agent] comes before the
+// appended TOML, which opens sections of its own: after it, [agent] would
+// be a second table of that name, which TOML refuses.
+func (n *Node) nodeFile(runsc, runc string) string {
+	opts := n.opts
+	var kubeletRoot string
+	if opts.KubeletRoot != "" {
+		kubeletRoot = fmt.Sprintf("kubelet_root = %q\n", opts.KubeletRoot)
+	}
+	return fmt.Sprintf(`%srunsc_path = %q
+runc_path = %q
+runc_root = %q
+runsc_root = %q
+state_dir = %q
+ledger_path = %q
+log_dir = %q
+containerd_root = %q
+containerd_state = %q
+[runsc]
+platform = %q
+network = %q
+[pipeline]
+enabled = %t
+benchmark_baseline = %t
+[agent]
+socket = %q
+metrics_address = %q
+kubeconfig = %q
+node_name = %q
+%s`, kubeletRoot, runsc, runc, filepath.Join(opts.Dir, "runc-root"), n.RunscRoot, n.StateDir, filepath.Join(opts.Dir, "ledger.db"), filepath.Join(opts.Dir, "logs"),
+		filepath.Join(opts.Dir, "root"), filepath.Join(opts.Dir, "state"), runscPlatform, runscNetwork, opts.PipelineEnabled, !opts.PipelineEnabled,
+		n.agentSocket, opts.AgentMetricsAddress, opts.AgentKubeconfig, opts.AgentNodeName, opts.ShimConfig)
 }
 
 // waitForImages returns once the CRI plugin knows the imported images.
@@ -452,10 +525,7 @@ func HasCapability(capability int) (bool, error) {
 func (n *Node) startContainerd(ctx context.Context) error {
 	n.cmd = exec.Command(n.containerd, "--config", filepath.Join(n.opts.Dir, "containerd.toml"))
 	n.cmd.Stdout, n.cmd.Stderr = n.logFile, n.logFile
-	n.cmd.Env = append(os.Environ(),
-		"BULKHEAD_CONFIG="+n.ShimConf,
-		"PATH="+strings.Join(append(append([]string{}, n.opts.BinDir...), os.Getenv("PATH")), ":"))
-	n.cmd.Env = append(n.cmd.Env, n.opts.Env...)
+	n.cmd.Env = n.env()
 	// containerd must outlive a Ctrl-C of the parent long enough to be
 	// stopped in order; give it its own process group.
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -485,6 +555,15 @@ func (n *Node) startContainerd(ctx context.Context) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// env is the environment of containerd (and so of the shims) and of the
+// agent: the node's file, its binaries first on PATH, then Options.Env.
+func (n *Node) env() []string {
+	env := append(os.Environ(),
+		config.PathEnv+"="+n.ShimConf,
+		"PATH="+strings.Join(append(append([]string{}, n.opts.BinDir...), os.Getenv("PATH")), ":"))
+	return append(env, n.opts.Env...)
 }
 
 // RestartContainerd stops containerd (pods and shims keep running, as on a
@@ -544,20 +623,26 @@ func (n *Node) importImages(ctx context.Context) error {
 	return nil
 }
 
-// Log returns containerd's log so far (for test failures).
+// Log returns containerd's log so far, then the last lines of the agent's
+// when it was started (for test failures).
 func (n *Node) Log() string {
 	if n.logFile == nil {
 		return ""
 	}
 	b, _ := os.ReadFile(n.logFile.Name())
+	if n.agent != nil {
+		b = fmt.Appendf(b, "\n--- %s (%s, last %d lines)\n%s\n", agentBinary, n.AgentLogPath(), agentLogTail, n.agentLogTail(agentLogTail))
+	}
 	return string(b)
 }
 
 // Dir returns the node's directory.
 func (n *Node) Dir() string { return n.opts.Dir }
 
-// Stop removes every pod, stops containerd and removes what the node left:
-// mounts under its directory, the bridge, the directory itself.
+// Stop removes every pod, stops containerd, then the agent (which must
+// outlive the pods' deletion: their shims release them through it), and
+// removes what the node left: processes and mounts under its directory,
+// the bridge, the directory itself.
 func (n *Node) Stop(ctx context.Context) {
 	if n.Runtime != nil && n.running() {
 		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -568,6 +653,11 @@ func (n *Node) Stop(ctx context.Context) {
 		n.conn.Close()
 	}
 	n.stopContainerd()
+	if n.agentRunning() {
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_ = n.StopAgent(cctx)
+		cancel()
+	}
 	KillUnder(n.opts.Dir)
 	UnmountUnder(n.opts.Dir)
 	_ = exec.Command("ip", "link", "del", n.opts.Bridge).Run()
