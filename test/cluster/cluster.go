@@ -2,7 +2,8 @@
 // the demo: etcd, kube-apiserver (its own CA, authorization Node,RBAC, the
 // admission plugins a real cluster runs), kube-controller-manager,
 // kube-scheduler and a kubelet whose container runtime is test/node's
-// private containerd with Bulkhead's shims registered.
+// private containerd with Bulkhead's shims registered, and test/node's node
+// agent, which emits its Events through the admin's kubeconfig.
 //
 // Invariant: everything a cluster creates lives under its directory or is
 // named after it (the kubelet's cgroup root, the webhook's link, the
@@ -114,9 +115,11 @@ func Requirements() error {
 	return nil
 }
 
-// Start brings the cluster up: node, etcd, API server, controller manager,
-// scheduler, kubelet; it returns once the node is Ready and the default
-// ServiceAccount exists. On error everything started is stopped.
+// Start brings the cluster up: etcd, API server, controller manager,
+// scheduler, node (containerd and the node agent), kubelet; it returns once
+// the node is Ready and the default ServiceAccount exists. On error
+// everything started is stopped. The node starts after the API server so
+// that the agent's kubeconfig exists when it starts.
 func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if opts.Dir == "" {
 		return nil, errors.New("cluster: Options.Dir is required")
@@ -147,16 +150,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		c.bin[b] = p
 	}
 
-	nodeOpts := opts.Node
-	nodeOpts.Dir = filepath.Join(opts.Dir, "node")
-	nodeOpts.KubeletRoot = c.KubeletRoot
-	opts.Log("cluster: starting containerd (test/node) in %s", nodeOpts.Dir)
-	n, err := node.Start(ctx, nodeOpts)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: node: %w", err)
-	}
-	c.Node = n
-
+	var err error
 	if c.pki, err = newPKI(filepath.Join(opts.Dir, "pki")); err != nil {
 		return nil, err
 	}
@@ -170,6 +164,23 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := c.startControllers(ctx); err != nil {
 		return nil, err
 	}
+
+	nodeOpts := opts.Node
+	nodeOpts.Dir = filepath.Join(opts.Dir, "node")
+	nodeOpts.KubeletRoot = c.KubeletRoot
+	// The agent emits a pod's Events on the kubelet's node.
+	nodeOpts.AgentKubeconfig = c.Kubeconfig
+	nodeOpts.AgentNodeName = NodeName
+	opts.Log("cluster: starting containerd and the node agent (test/node) in %s", nodeOpts.Dir)
+	n, err := node.Start(ctx, nodeOpts)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: node: %w", err)
+	}
+	c.Node = n
+	if pid := n.AgentPID(); pid != 0 {
+		opts.Log("cluster: node agent pid %d on %s (log %s)", pid, n.AgentSocket(), n.AgentLogPath())
+	}
+
 	if err := c.startKubelet(ctx); err != nil {
 		return nil, err
 	}
@@ -246,6 +257,11 @@ func waitFor(ctx context.Context, p *process, what string, timeout time.Duration
 	}
 }
 
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
 func logTail(path string, lines int) string {
 	b, _ := os.ReadFile(path)
 	l := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
@@ -263,6 +279,9 @@ func (c *Cluster) Logs(lines int) string {
 	}
 	if c.Node != nil {
 		fmt.Fprintf(&b, "--- containerd\n%s\n", logTail(filepath.Join(c.Node.Dir(), "containerd.log"), lines))
+		if agentLog := c.Node.AgentLogPath(); fileExists(agentLog) {
+			fmt.Fprintf(&b, "--- bulkhead-agent (%s)\n%s\n", agentLog, logTail(agentLog, lines))
+		}
 	}
 	return b.String()
 }
@@ -391,7 +410,8 @@ func (p *process) stop(grace time.Duration) {
 }
 
 // Stop tears everything down: the OnStop hooks, the kubelet, the control
-// plane, etcd, containerd and its pods (test/node), then whatever is left
+// plane, etcd, containerd and its pods, then the node agent (test/node's
+// Stop: the agent outlives the pods' release), then whatever is left
 // of them: processes and mounts under the directory, the kubelet's cgroup
 // root, its log symlinks, the directory. It returns what it could not
 // remove, or nil.

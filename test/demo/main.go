@@ -1,6 +1,6 @@
-// Command demo runs a real local node — containerd, Bulkhead's shim, gVisor,
-// the default policy bundle, a mock H200 node and the eBPF fence — with two
-// tenants, starts pods through the CRI as a kubelet would, explains each
+// Command demo runs a real local node — containerd, Bulkhead's node agent
+// and shims, gVisor, the default policy bundle, a mock H200 node and the
+// eBPF fence — with two tenants, starts pods through the CRI as a kubelet would, explains each
 // decision in plain words, and tears everything down on exit or Ctrl-C.
 package main
 
@@ -84,15 +84,16 @@ func run(ctx context.Context) (retErr error) {
 	if err != nil {
 		return err
 	}
-	say("starting a private node in %s: containerd v2.4.2, Bulkhead's shim as handler %q, gVisor,\n    the default policy bundle (rego/) built and signed with `opa build --signing-key` (key id %q,\n    scope %q) and verified by the node, two mock H200 GPUs and the eBPF fence", dir, node.Handler, node.BundleKeyID, node.BundleScope)
+	say("starting a private node in %s: containerd v2.4.2, Bulkhead's node agent (bulkhead-agent, which\n    holds the policy, the ledger, the GPUs and the fence; the shims ask it about every pod), Bulkhead's\n    shim as handler %q, gVisor, the default policy bundle (rego/) built and signed with\n    `opa build --signing-key` (key id %q, scope %q) and verified by the node, two mock H200 GPUs\n    and the eBPF fence", dir, node.Handler, node.BundleKeyID, node.BundleScope)
 	fmt.Printf("    tenants: agents (tier untrusted, quota 3 sandboxes), research (tier standard), training (tier trusted)\n")
 	n, err := node.Start(ctx, node.Options{Dir: dir, BinDir: bins, Bridge: "bh-demo0", Subnet: subnet, Subnet6: subnet6, PipelineEnabled: true, ShimConfig: shimConf})
 	if err != nil {
 		return err
 	}
+	fmt.Printf("    node agent: pid %d, serving the shims on %s (log %s)\n", n.AgentPID(), n.AgentSocket(), n.AgentLogPath())
 	d := &demo{n: n, ctx: ctx, dir: dir, pinDir: pinDir}
 	defer func() {
-		say("tearing down: pods, containerd, bridge, eBPF pins, %s", dir)
+		say("tearing down: pods, containerd, the node agent, bridge, eBPF pins, %s", dir)
 		if d.fence != nil {
 			d.fence.Close()
 		}
@@ -403,9 +404,16 @@ func leftovers(dir, pinDir, bridge string) error {
 	return nil
 }
 
+// status runs `bulkhead node status` on the demo's node: the CLI linked
+// with the GPU mock (bin/mockgpu) where it is built, since the node's GPUs
+// are mock ones, else the production CLI.
 func (d *demo) status() error {
 	bin := "bulkhead"
 	for _, dir := range node.BinDirs() {
+		if _, err := os.Stat(filepath.Join(dir, "mockgpu", "bulkhead")); err == nil {
+			bin = filepath.Join(dir, "mockgpu", "bulkhead")
+			break
+		}
 		if _, err := os.Stat(filepath.Join(dir, "bulkhead")); err == nil {
 			bin = filepath.Join(dir, "bulkhead")
 			break
