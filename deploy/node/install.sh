@@ -13,6 +13,11 @@
 # replaced by rename, so a running shim or containerd never reads half a
 # file. containerd is restarted only when its configuration changed;
 # restarting it leaves running pods alone (their shims keep running).
+#
+# The node agent (bulkhead-agent) is not copied to the host: containerd
+# executes only the shims, so only they must be host files. The agent runs
+# in the DaemonSet's agent container, from the image, on the host's paths
+# (daemonset.yaml mounts them), and waits for the config.toml written here.
 set -eu
 
 HOST_ROOT=${HOST_ROOT:-/host}
