@@ -8,24 +8,24 @@ import (
 	"testing"
 )
 
-// TestProductionShimIgnoresFailpoints: the shim's main package built
+// TestProductionAgentIgnoresFailpoints: the node agent built
 // without the bulkhead_failpoints tag contains no trace of FailAtEnv, so
-// no environment variable can make a production shim fail or hang.
-func TestProductionShimIgnoresFailpoints(t *testing.T) {
+// no environment variable can make a production agent fail or hang.
+func TestProductionAgentIgnoresFailpoints(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the shim")
+		t.Skip("builds the agent")
 	}
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		tags string
 		want bool
 	}{{"", false}, {"bulkhead_failpoints", true}} {
-		bin := filepath.Join(dir, "shim-"+tc.tags)
+		bin := filepath.Join(dir, "agent-"+tc.tags)
 		args := []string{"build", "-o", bin}
 		if tc.tags != "" {
 			args = append(args, "-tags", tc.tags)
 		}
-		cmd := exec.Command("go", append(args, "../cmd/containerd-shim-bulkhead-v1")...)
+		cmd := exec.Command("go", append(args, "../cmd/bulkhead-agent")...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go build %v: %v\n%s", args, err, out)
 		}

@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,7 +66,7 @@ func testConfig(t testing.TB) config.Config {
 
 func sandboxSpec(ns, name string, ann map[string]string) (*Sandbox, *specs.Spec) {
 	spec := &specs.Spec{Annotations: map[string]string{
-		AnnotationContainerType: "sandbox", AnnotationSandboxNamespace: ns, AnnotationSandboxName: name,
+		cri.AnnotationContainerType: "sandbox", cri.AnnotationSandboxNamespace: ns, cri.AnnotationSandboxName: name,
 	}, Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
 		{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
 		{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-" + name},

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"os"
 	"path/filepath"
 	"slices"
@@ -35,46 +36,49 @@ type PodOptions struct {
 	// Runtime is the runtime the shim runs, policy.RuntimeGVisor or
 	// policy.RuntimeRunc; the policy's decision must name the same one.
 	Runtime string
+	// ShimPID is the pid of the shim that serves the pod: while it runs,
+	// GC leaves the pod alone.
+	ShimPID int
 	// DeleteTask deletes a container from the task service: it unwinds a
 	// sandbox whose create failed after the task service made it.
 	DeleteTask func(ctx context.Context, id string) error
 	// CheckSandbox, if set, runs on the sandbox's create once its record is
 	// written and before the policy is asked: an error refuses the pod and
-	// leaves nothing of it behind. gVisor's shim checks there that its
-	// manager wrote the options file into the sandbox's bundle.
+	// leaves nothing of it behind.
 	CheckSandbox func(sb *Sandbox) error
-	// Opening is the pipeline OpenEarly began opening when the shim began
-	// to serve; nil opens it on the sandbox's create.
-	Opening *Opening
+	// Pipeline places the pod: the node agent's, shared by every pod of
+	// the node. nil runs pods unjudged (pipeline.enabled = false, a
+	// benchmark baseline).
+	Pipeline *Pipeline
 }
 
 // Pod is one pod's side of the pipeline, whichever task service (gVisor's
 // or runc's) runs its containers: it places the pod when its sandbox is
 // created, judges every later container and releases everything when the
-// sandbox is deleted. The shim's wrapper of its task service calls Create
-// and Deleted around the task service's own Create and Delete.
+// sandbox is deleted. The node agent keeps one per pod and drives it for
+// the pod's shim: the shim's task service acts where Create, Update and
+// the unwinding of a failed placement call back.
 type Pod struct {
 	cfg   config.Config
 	state *StateDir
 	// runtime is the runtime this shim runs (policy.RuntimeGVisor or
 	// policy.RuntimeRunc); the policy's decision must name the same one.
 	runtime string
+	// shimPID is PodOptions.ShimPID.
+	shimPID int
 	// deleteTask deletes a container from the task service (unwinding a
 	// sandbox whose create failed after the task service made it).
 	deleteTask func(ctx context.Context, id string) error
 	// checkSandbox is PodOptions.CheckSandbox.
 	checkSandbox func(sb *Sandbox) error
+	// pipeline places the pod; nil while the pipeline is disabled.
+	pipeline *Pipeline
 
-	// mu guards sandbox, pipeline and admission, and is held while the
-	// task service creates a container.
+	// mu guards sandbox and admission, and is held while the task service
+	// creates a container.
 	mu sync.Mutex
 	// sandbox is the pod's record, nil until the sandbox container is created.
 	sandbox *Sandbox
-	// pipeline places the pod; nil while the pipeline is disabled.
-	pipeline *Pipeline
-	// opening is the pipeline being opened since the shim began to serve,
-	// until the sandbox's create takes it.
-	opening *Opening
 	// admission is what the pipeline admitted for the pod.
 	admission *Admission
 }
@@ -87,64 +91,72 @@ func NewPod(opts PodOptions) (*Pod, error) {
 	if opts.DeleteTask == nil {
 		return nil, fmt.Errorf("pod: runtime %s: DeleteTask is nil", opts.Runtime)
 	}
+	if opts.Config.Pipeline.Enabled && opts.Pipeline == nil {
+		return nil, fmt.Errorf("pod: runtime %s: pipeline.enabled is true and no pipeline was given", opts.Runtime)
+	}
+	shimPID := opts.ShimPID
+	if shimPID == 0 {
+		shimPID = os.Getpid()
+	}
 	return &Pod{
 		cfg:          opts.Config,
 		state:        NewStateDir(opts.Config.StateDir),
 		runtime:      opts.Runtime,
+		shimPID:      shimPID,
 		deleteTask:   opts.DeleteTask,
 		checkSandbox: opts.CheckSandbox,
-		opening:      opts.Opening,
+		pipeline:     opts.Pipeline,
 	}, nil
 }
 
-// Opening is a shim's pipeline being opened in the background, with the GC
-// pass that repairs what crashed shims left, from the moment the shim
-// serves: containerd sends the sandbox's create a few milliseconds later,
-// and the policy engine, the slowest to open, is then partly or wholly
-// open when the pod is decided.
-type Opening struct {
-	done     chan struct{}
-	pipeline *Pipeline
-	err      error
-	trace    *startTrace
+// ResumePod returns the pod of sandbox id as its record and the ledger
+// keep it: a node agent that restarted while the pod ran serves its later
+// containers, updates and delete as the one that admitted it would.
+// opts.Runtime and opts.ShimPID are the calling shim's.
+func ResumePod(opts PodOptions, id string) (*Pod, error) {
+	p, err := NewPod(opts)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := p.state.Load(id)
+	if err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
+	if sb.Phase != PhaseCreated {
+		return nil, fmt.Errorf("sandbox %s: resume: its create never finished (phase %s)", id, sb.Phase)
+	}
+	if sb.Runtime != "" && sb.Runtime != opts.Runtime {
+		return nil, fmt.Errorf("sandbox %s: resume: admitted for runtime %s, called by a %s shim", id, sb.Runtime, opts.Runtime)
+	}
+	if sb.Limits == nil {
+		sb.Limits = map[string]ContainerLimits{}
+	}
+	p.sandbox = sb
+	if p.pipeline == nil {
+		return p, nil
+	}
+	var res *Reservation
+	if err := p.pipeline.ledger.View(func(tx *LedgerTx) error {
+		res, err = tx.Get(id)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	if res == nil || sb.Decision == nil || sb.Input == nil {
+		return nil, fmt.Errorf("sandbox %s: resume: no admission on record (reservation %t, decision %t, input %t): the pod was admitted by a release that kept none", id, res != nil, sb.Decision != nil, sb.Input != nil)
+	}
+	p.admission = &Admission{Decision: *sb.Decision, Reservation: res, Input: *sb.Input}
+	return p, nil
 }
 
-// OpenEarly begins opening the pipeline cfg names for a shim that runs
-// runtime (policy.RuntimeGVisor or policy.RuntimeRunc); nil when cfg turns
-// the pipeline off. Only a shim that serves calls it: the shim's start and
-// delete invocations open nothing.
-func OpenEarly(cfg config.Config, runtime string) *Opening {
-	if !cfg.Pipeline.Enabled {
-		return nil
+// SandboxID is the id of the pod's sandbox; "" until one was created.
+func (p *Pod) SandboxID() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sandbox == nil {
+		return ""
 	}
-	o := &Opening{done: make(chan struct{})}
-	go func() {
-		defer close(o.done)
-		var ctx context.Context
-		ctx, o.trace = withStartTrace(context.Background())
-		if o.pipeline, o.err = OpenPipeline(ctx, cfg, runtime); o.err != nil {
-			return
-		}
-		// Repair whatever crashed shims left before placing this pod.
-		t := time.Now()
-		if _, err := o.pipeline.GC(ctx, NewStateDir(cfg.StateDir)); err != nil {
-			log.G(ctx).WithError(err).Warn("gc at shim start")
-		}
-		traceStage(ctx, "gc", t)
-	}()
-	return o
-}
-
-// wait returns the opened pipeline. The opening's stages join ctx's trace,
-// with open.wait, how long the caller waited for it.
-func (o *Opening) wait(ctx context.Context) (*Pipeline, error) {
-	t := time.Now()
-	<-o.done
-	for _, s := range o.trace.stages {
-		traceDuration(ctx, s.name, s.d)
-	}
-	traceStage(ctx, "open.wait", t)
-	return o.pipeline, o.err
+	return p.sandbox.ID
 }
 
 // Create places the pod (when container id is its sandbox) or judges the
@@ -163,8 +175,8 @@ func (p *Pod) Create(ctx context.Context, id, bundle string, create func(sandbox
 
 	// Outside the CRI (no container-type annotation) the first container
 	// of the shim is its sandbox.
-	ctype := spec.Annotations[AnnotationContainerType]
-	isSandbox := ctype == ContainerTypeSandbox || (ctype == "" && p.sandbox == nil)
+	ctype := spec.Annotations[cri.AnnotationContainerType]
+	isSandbox := ctype == cri.ContainerTypeSandbox || (ctype == "" && p.sandbox == nil)
 	if !isSandbox && p.sandbox == nil {
 		return fmt.Errorf("container %s: no sandbox in this shim yet", id)
 	}
@@ -232,7 +244,7 @@ func containerLimits(id string, spec *specs.Spec) ContainerLimits {
 // containerName is container id's name in its pod, as containerd's CRI
 // writes it into the spec; the id outside the CRI.
 func containerName(id string, spec *specs.Spec) string {
-	if name := spec.Annotations[AnnotationContainerName]; name != "" {
+	if name := spec.Annotations[cri.AnnotationContainerName]; name != "" {
 		return name
 	}
 	return id
@@ -252,10 +264,10 @@ func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 	began := time.Now()
 	ctx, trace := withStartTrace(ctx)
 	sb := SandboxFromSpec(id, bundle, spec)
-	if spec.Annotations[AnnotationRuntimeHandler] == "" && p.runtime == policy.RuntimeRunc {
+	if spec.Annotations[cri.AnnotationRuntimeHandler] == "" && p.runtime == policy.RuntimeRunc {
 		sb.Handler = RuncHandler
 	}
-	sb.ShimPID = os.Getpid()
+	sb.ShimPID, sb.Runtime = p.shimPID, p.runtime
 	sb.Limits = map[string]ContainerLimits{id: containerLimits(id, spec)}
 	// The record exists before anything else does, so GC can find a crash.
 	if err := p.state.Save(sb); err != nil {
@@ -278,23 +290,11 @@ func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 		}
 	}
 	p.sandbox = sb
-	if !p.cfg.Pipeline.Enabled {
+	if p.pipeline == nil {
 		if err := next(); err != nil {
 			return err
 		}
 	} else {
-		if p.pipeline == nil {
-			opening := p.opening
-			if opening == nil {
-				opening = OpenEarly(p.cfg, p.runtime)
-			}
-			// Taken once: after a failure the next create opens anew.
-			p.opening = nil
-			var err error
-			if p.pipeline, err = opening.wait(ctx); err != nil {
-				return fmt.Errorf("sandbox %s: %w", sb.ID, err)
-			}
-		}
 		a, err := p.pipeline.Place(ctx, sb, spec, SandboxTask{
 			Create: func(context.Context) error { return next() },
 			Delete: func(ctx context.Context) error { return p.deleteTask(ctx, id) },
@@ -304,11 +304,12 @@ func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 		}
 		p.admission = a
 		sb.Tenant = a.Reservation.Tenant
+		sb.Decision, sb.Input = &a.Decision, &a.Input
 	}
 	sb.Phase = PhaseCreated
 	p.saveRecord(ctx)
-	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s runtime %s tenant %q: created in %v, %v after the shim started (%s)", sb.ID, sb.Namespace, sb.Name, sb.Handler, p.runtime, sb.Tenant,
-		time.Since(began).Round(time.Millisecond), time.Since(shimStarted).Round(time.Millisecond), trace)
+	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s runtime %s tenant %q: created in %v (%s)", sb.ID, sb.Namespace, sb.Name, sb.Handler, p.runtime, sb.Tenant,
+		time.Since(began).Round(time.Millisecond), trace)
 	return nil
 }
 
@@ -347,10 +348,10 @@ func SandboxFromSpec(id, bundle string, spec *specs.Spec) *Sandbox {
 	ann := spec.Annotations
 	sb := &Sandbox{
 		ID:        id,
-		Namespace: ann[AnnotationSandboxNamespace],
-		Name:      ann[AnnotationSandboxName],
-		UID:       ann[AnnotationSandboxUID],
-		Handler:   ann[AnnotationRuntimeHandler],
+		Namespace: ann[cri.AnnotationSandboxNamespace],
+		Name:      ann[cri.AnnotationSandboxName],
+		UID:       ann[cri.AnnotationSandboxUID],
+		Handler:   ann[cri.AnnotationRuntimeHandler],
 		Bundle:    bundle,
 		Phase:     PhaseCreating,
 		CreatedAt: time.Now().UTC(),

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -64,8 +67,8 @@ func TestPodCreatesAndDeletesContainers(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	p, state := testPod(t, nil)
-	sandbox := testBundle(t, filepath.Join(dir, "sb1"), map[string]string{AnnotationContainerType: ContainerTypeSandbox})
-	work := testBundle(t, filepath.Join(dir, "c1"), map[string]string{AnnotationContainerType: "container", AnnotationSandboxID: "sb1"})
+	sandbox := testBundle(t, filepath.Join(dir, "sb1"), map[string]string{cri.AnnotationContainerType: cri.ContainerTypeSandbox})
+	work := testBundle(t, filepath.Join(dir, "c1"), map[string]string{cri.AnnotationContainerType: "container", cri.AnnotationSandboxID: "sb1"})
 
 	var got []string
 	create := func(sandboxBundle string) error { got = append(got, sandboxBundle); return nil }
@@ -82,7 +85,7 @@ func TestPodCreatesAndDeletesContainers(t *testing.T) {
 	if err != nil || sb.Phase != PhaseCreated || !reflect.DeepEqual(sb.Containers, []string{"c1"}) || sb.Handler != RuncHandler {
 		t.Fatalf("record = %+v, %v; want created, handler %s, containers [c1]", sb, err, RuncHandler)
 	}
-	if err := p.Create(ctx, "sb2", testBundle(t, filepath.Join(dir, "sb2"), map[string]string{AnnotationContainerType: ContainerTypeSandbox}), create); err == nil || !strings.Contains(err.Error(), "already has sandbox sb1") {
+	if err := p.Create(ctx, "sb2", testBundle(t, filepath.Join(dir, "sb2"), map[string]string{cri.AnnotationContainerType: cri.ContainerTypeSandbox}), create); err == nil || !strings.Contains(err.Error(), "already has sandbox sb1") {
 		t.Errorf("second sandbox: error = %v", err)
 	}
 
@@ -109,8 +112,8 @@ func TestPodRefusedSandboxLeavesNothing(t *testing.T) {
 		}
 		return checkErr
 	})
-	sandbox := testBundle(t, filepath.Join(dir, "sb1"), map[string]string{AnnotationContainerType: ContainerTypeSandbox})
-	work := testBundle(t, filepath.Join(dir, "c1"), map[string]string{AnnotationContainerType: "container"})
+	sandbox := testBundle(t, filepath.Join(dir, "sb1"), map[string]string{cri.AnnotationContainerType: cri.ContainerTypeSandbox})
+	work := testBundle(t, filepath.Join(dir, "c1"), map[string]string{cri.AnnotationContainerType: "container"})
 	created := 0
 	create := func(string) error { created++; return nil }
 
@@ -140,61 +143,80 @@ func TestPodRefusedSandboxLeavesNothing(t *testing.T) {
 	}
 }
 
-// A pod given the pipeline OpenEarly began opening places its sandbox with
-// that pipeline and logs the opening's stages; when the opening failed, the
-// sandbox is refused with its error, and the next create opens anew.
-func TestPodTakesTheEarlyOpening(t *testing.T) {
+// TestResumePodServesWhatAnotherAgentAdmitted: a pod placed by one agent is
+// resumed by the next from its record and the ledger, with the decision
+// and input it was admitted under; its later containers are judged and its
+// delete releases everything.
+func TestResumePodServesWhatAnotherAgentAdmitted(t *testing.T) {
 	ctx := context.Background()
 	cfg := testConfig(t)
-	broken := cfg
-	broken.Policy.Bundle = filepath.Join(t.TempDir(), "missing")
-	for _, tt := range []struct {
-		name    string
-		cfg     config.Config
-		wantErr string
-	}{
-		{"opens", cfg, ""},
-		{"fails", broken, "missing"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			opening := OpenEarly(tt.cfg, policy.RuntimeGVisor)
-			if opening == nil {
-				t.Fatal("OpenEarly with the pipeline on = nil")
-			}
-			p, err := NewPod(PodOptions{
-				Config: tt.cfg, Runtime: policy.RuntimeGVisor, Opening: opening,
-				DeleteTask: func(context.Context, string) error { return nil },
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, spec := sandboxSpec("research", "early-"+tt.name, nil)
-			bundle := t.TempDir()
-			if err := writeSpecIfChanged(bundle, nil, spec); err != nil {
-				t.Fatal(err)
-			}
-			err = p.Create(ctx, "early-"+tt.name, bundle, func(string) error { return nil })
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("Create = %v, want the opening's error (%s)", err, tt.wantErr)
-				}
-				if p.opening != nil || p.pipeline != nil {
-					t.Error("a failed opening is kept for the next create")
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if p.pipeline == nil || p.pipeline != opening.pipeline {
-				t.Error("the sandbox was not placed with the early opening's pipeline")
-			}
-			if p.opening != nil {
-				t.Error("the opening is kept after its pipeline was taken")
-			}
-		})
+	pl, err := OpenPipeline(ctx, cfg, policy.RuntimeGVisor)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if OpenEarly(config.Config{}, policy.RuntimeGVisor) != nil {
-		t.Error("OpenEarly with the pipeline off began opening one")
+	opts := PodOptions{Config: cfg, Runtime: policy.RuntimeGVisor, ShimPID: os.Getpid(), Pipeline: pl,
+		DeleteTask: func(context.Context, string) error { return nil }}
+	first, err := NewPod(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	_, spec := sandboxSpec("research", "resumed", map[string]string{policy.AnnotationGPUProfile: "1g.18gb"})
+	spec.Annotations[AnnotationSandboxMemory] = "1073741824"
+	sandbox := filepath.Join(dir, "sb")
+	if err := os.MkdirAll(sandbox, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeSpecIfChanged(sandbox, nil, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Create(ctx, "sb", sandbox, func(string) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := ResumePod(PodOptions{Config: cfg, Runtime: policy.RuntimeRunc, ShimPID: os.Getpid(), Pipeline: pl,
+		DeleteTask: opts.DeleteTask}, "sb"); err == nil || !strings.Contains(err.Error(), "runtime gvisor") {
+		t.Errorf("resume by a runc shim: error = %v, want one naming the pod's runtime", err)
+	}
+	if _, err := ResumePod(opts, "never-created"); err == nil {
+		t.Error("resume of a sandbox without a record: no error")
+	}
+	p, err := ResumePod(opts, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.admission.Reservation.Tenant != "research" || p.admission.Reservation.GPU == nil || p.admission.Decision.Tenant != "research" || p.admission.Input.Request.MemoryBytes != 1<<30 {
+		t.Fatalf("resumed admission = %+v, want research's, with its GPU and 1 GiB", p.admission)
+	}
+	work := filepath.Join(dir, "c1")
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cspec := containerSpec("main", 1<<29)
+	// Sharing the host's PID namespace, which tier standard forbids.
+	cspec.Linux.Namespaces = slices.DeleteFunc(slices.Clone(cspec.Linux.Namespaces), func(ns specs.LinuxNamespace) bool { return ns.Type == specs.PIDNamespace })
+	if err := writeSpecIfChanged(work, nil, cspec); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Create(ctx, "c1", work, func(string) error { return nil }); err == nil || !strings.Contains(err.Error(), "workload.host_namespace") {
+		t.Errorf("a container sharing the host's PID namespace in a resumed pod: error = %v, want workload.host_namespace", err)
+	}
+	p.Deleted(ctx, "sb")
+	if err := pl.ledger.View(func(tx *LedgerTx) error {
+		res, err := tx.Get("sb")
+		if res != nil {
+			t.Errorf("reservation after the resumed pod's delete: %+v", res)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNewPodNeedsThePipelineItIsToldToRun(t *testing.T) {
+	cfg := config.Default()
+	_, err := NewPod(PodOptions{Config: cfg, Runtime: policy.RuntimeGVisor, DeleteTask: func(context.Context, string) error { return nil }})
+	if err == nil || !strings.Contains(err.Error(), "no pipeline") {
+		t.Errorf("pipeline.enabled without a pipeline: error = %v", err)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"sort"
 	"time"
+
+	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
 // Sandbox is Bulkhead's record of one pod sandbox. It is written to the
@@ -37,11 +39,20 @@ type Sandbox struct {
 	Limits map[string]ContainerLimits `json:"limits,omitempty"`
 	// Phase is PhaseCreating until runsc created the sandbox, then PhaseCreated.
 	Phase string `json:"phase"`
-	// ShimPID is the pid of the shim process serving the pod.
+	// ShimPID is the pid of the shim process serving the pod: while it
+	// runs, the pod is alive.
 	ShimPID   int       `json:"shim_pid"`
 	CreatedAt time.Time `json:"created_at"`
 	// Tenant is the tenant the policy derived from Namespace.
 	Tenant string `json:"tenant,omitempty"`
+	// Runtime is the runtime of the shim that serves the pod:
+	// policy.RuntimeGVisor or policy.RuntimeRunc.
+	Runtime string `json:"runtime,omitempty"`
+	// Decision and Input are what the pod was admitted under (Admission),
+	// so that an agent restarted while the pod runs judges its later
+	// containers and updates as the one that admitted it did.
+	Decision *policy.Decision `json:"decision,omitempty"`
+	Input    *policy.Input    `json:"input,omitempty"`
 }
 
 // ContainerLimits is what a pod's record keeps of one container's resources.

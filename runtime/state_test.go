@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -60,13 +61,13 @@ func TestStateDirRefusesBadIDs(t *testing.T) {
 func TestSandboxFromSpec(t *testing.T) {
 	spec := &specs.Spec{
 		Annotations: map[string]string{
-			AnnotationContainerType:    "sandbox",
-			AnnotationSandboxNamespace: "agents",
-			AnnotationSandboxName:      "coder-1",
-			AnnotationSandboxUID:       "u-1",
-			"bulkhead.dev/gpu-profile": "1g.18gb",
-			"bulkhead.dev/tenant":      "someone-else",
-			"other.io/x":               "y",
+			cri.AnnotationContainerType:    "sandbox",
+			cri.AnnotationSandboxNamespace: "agents",
+			cri.AnnotationSandboxName:      "coder-1",
+			cri.AnnotationSandboxUID:       "u-1",
+			"bulkhead.dev/gpu-profile":     "1g.18gb",
+			"bulkhead.dev/tenant":          "someone-else",
+			"other.io/x":                   "y",
 		},
 		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
 			{Type: specs.PIDNamespace},
@@ -84,7 +85,7 @@ func TestSandboxFromSpec(t *testing.T) {
 	if !reflect.DeepEqual(sb.Annotations, want) {
 		t.Errorf("annotations = %v", sb.Annotations)
 	}
-	spec.Annotations[AnnotationRuntimeHandler] = "bulkhead-debug"
+	spec.Annotations[cri.AnnotationRuntimeHandler] = "bulkhead-debug"
 	if sb := SandboxFromSpec("id1", "/b", spec); sb.Handler != "bulkhead-debug" {
 		t.Errorf("handler from annotation = %q", sb.Handler)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -133,14 +134,11 @@ type updatePod struct {
 
 func newUpdatePod(t testing.TB, pl *Pipeline, name string, total, app int64) *updatePod {
 	t.Helper()
-	p, err := NewPod(PodOptions{Config: pl.cfg, Runtime: policy.RuntimeGVisor, DeleteTask: func(context.Context, string) error { return nil }})
+	// The test's pods share one pipeline, as the node agent's do.
+	p, err := NewPod(PodOptions{Config: pl.cfg, Runtime: policy.RuntimeGVisor, Pipeline: pl, DeleteTask: func(context.Context, string) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every pod's shim opens its own pipeline on the node's files; the
-	// test's pods share one, without the GC pass that would find the
-	// test's process no shim and release them.
-	p.pipeline = pl
 	up := &updatePod{Pod: p, dir: t.TempDir()}
 	ann := map[string]string{}
 	if total > 0 {
@@ -160,7 +158,7 @@ func newUpdatePod(t testing.TB, pl *Pipeline, name string, total, app int64) *up
 // containerSpec is a workload container's spec limited to limit bytes (0: none).
 func containerSpec(name string, limit int64) *specs.Spec {
 	_, sandbox := sandboxSpec("agents", "any", nil)
-	spec := &specs.Spec{Annotations: map[string]string{AnnotationContainerType: "container", AnnotationContainerName: name}, Linux: &specs.Linux{Namespaces: sandbox.Linux.Namespaces}}
+	spec := &specs.Spec{Annotations: map[string]string{cri.AnnotationContainerType: "container", cri.AnnotationContainerName: name}, Linux: &specs.Linux{Namespaces: sandbox.Linux.Namespaces}}
 	if limit != 0 {
 		spec.Linux.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}
 	}

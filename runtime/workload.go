@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/bulkhead-runtime/bulkhead/internal/fspath"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"io/fs"
 	"path/filepath"
 	"slices"
@@ -174,7 +175,7 @@ func hostNamespaces(spec *specs.Spec) (network, pid, ipc bool) {
 // not a bind (a tmpfs) is not listed. Each bind's host path is resolved
 // once, for both.
 func containerOf(name string, spec *specs.Spec, files podFiles, granted []string) (policy.Container, []policy.Volume) {
-	c := policy.Container{Name: name, Image: spec.Annotations[AnnotationImageName]}
+	c := policy.Container{Name: name, Image: spec.Annotations[cri.AnnotationImageName]}
 	var volumes []policy.Volume
 	_, _, hostIPC := hostNamespaces(spec)
 	for _, m := range spec.Mounts {

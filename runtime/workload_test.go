@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,7 +23,7 @@ import (
 func criSpec() *specs.Spec {
 	caps := slices.Clone(defaultCapabilities)
 	return &specs.Spec{
-		Annotations: map[string]string{AnnotationContainerName: "main", AnnotationImageName: "registry.local/app:1"},
+		Annotations: map[string]string{cri.AnnotationContainerName: "main", cri.AnnotationImageName: "registry.local/app:1"},
 		Process:     &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
@@ -348,7 +349,7 @@ func TestNodeRefusesUnlimitedSidecar(t *testing.T) {
 			t.Errorf("deny=%v: the 1Mi container refused: %v", deny, err)
 		}
 		sidecar := criSpec()
-		sidecar.Annotations[AnnotationContainerName] = "sidecar"
+		sidecar.Annotations[cri.AnnotationContainerName] = "sidecar"
 		withoutMemoryLimit(sidecar)
 		err := p.AdmitContainer(ctx, sb, nil, "c2", sidecar)
 		switch {

@@ -1,7 +1,8 @@
 // Command containerd-shim-bulkhead-runc-v1 is the containerd shim for the
 // runtime type io.containerd.bulkhead-runc.v1: containerd's runc task
-// service with Bulkhead's pipeline (policy, quota, MIG, fence) in front of
-// it, one process per pod, for the tiers the policy lets run on runc.
+// service with a thin Bulkhead pod in front of it (package runtime/runc),
+// one process per pod, for the tiers the policy lets run on runc. Every
+// decision is the node agent's.
 package main
 
 import (
@@ -10,10 +11,10 @@ import (
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/manager"
 	"github.com/containerd/containerd/v2/pkg/shim"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
+	"github.com/bulkhead-runtime/bulkhead/runtime/runc"
 )
 
 func main() {
-	runtime.RegisterRuncTaskService()
-	shim.Run(context.Background(), manager.NewShimManager(runtime.RuncRuntimeType))
+	runc.RegisterTaskService()
+	shim.Run(context.Background(), manager.NewShimManager(runc.RuntimeType))
 }

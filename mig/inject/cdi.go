@@ -17,9 +17,6 @@ import (
 const (
 	// CDIKind is the CDI kind ("vendor/class") of Bulkhead's GPU devices.
 	CDIKind = "bulkhead.dev/gpu"
-	// DefaultCDISpecDir is the directory of dynamic CDI specs that
-	// CDI-aware runtimes and tools read.
-	DefaultCDISpecDir = "/var/run/cdi"
 	// CDIAnnotation is the OCI annotation that names a container's CDI
 	// devices, in CDI's own format (key cdi.k8s.io/<plugin>_<device>,
 	// value a comma-separated list of qualified device names), so that

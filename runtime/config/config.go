@@ -17,8 +17,11 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/bulkhead-runtime/bulkhead/internal/fspath"
-	"github.com/bulkhead-runtime/bulkhead/mig/inject"
 )
+
+// DefaultCDISpecDir is mig.cdi_spec_dir's default: the directory of
+// dynamic CDI specs that CDI-aware runtimes and tools read.
+const DefaultCDISpecDir = "/var/run/cdi"
 
 // DefaultPath is where the shim reads its configuration unless the
 // environment variable named by PathEnv overrides it.
@@ -232,7 +235,7 @@ func Default() Config {
 		Runsc:           RunscConfig{Platform: "systrap", Network: "sandbox"},
 		Agent:           AgentConfig{Socket: "/run/bulkhead/agent.sock"},
 		Pipeline:        PipelineConfig{Enabled: true},
-		MIG:             MIGConfig{Backend: "none", MockModel: "h200", MockGPUs: 1, MockState: "/var/lib/bulkhead/mock-gpus.json", CDISpecDir: inject.DefaultCDISpecDir},
+		MIG:             MIGConfig{Backend: "none", MockModel: "h200", MockGPUs: 1, MockState: "/var/lib/bulkhead/mock-gpus.json", CDISpecDir: DefaultCDISpecDir},
 		Netpol:          NetpolConfig{Enabled: true, PinDir: "/sys/fs/bpf/bulkhead", LockPath: "/run/bulkhead/netpol.lock"},
 	}
 }
@@ -368,6 +371,8 @@ func (c Config) ValidateFor(use Use) error {
 	switch c.MIG.Backend {
 	case "none", "nvml":
 	case "mock":
+		// A file may name the mock; whether the binary links it (the tag
+		// bulkhead_mockgpu) is mig.OpenBackend's to say when it opens.
 		if c.MIG.MockGPUs < 1 || c.MIG.MockGPUs > 8 {
 			return fmt.Errorf("mig.mock_gpus: %d must be 1 to 8", c.MIG.MockGPUs)
 		}

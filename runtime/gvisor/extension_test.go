@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -57,7 +58,7 @@ func bundle(t *testing.T, dir, containerType string) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	data, err := json.Marshal(map[string]any{"annotations": map[string]string{runtime.AnnotationContainerType: containerType}})
+	data, err := json.Marshal(map[string]any{"annotations": map[string]string{cri.AnnotationContainerType: containerType}})
 	if err != nil {
 		t.Fatal(err)
 	}

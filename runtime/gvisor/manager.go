@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"io"
 	"os"
 	"os/exec"
@@ -21,7 +22,9 @@ import (
 	"gvisor.dev/gvisor/pkg/shim/v1/runsc"
 	"gvisor.dev/gvisor/pkg/shim/v1/runsccmd"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
+	"github.com/bulkhead-runtime/bulkhead/internal/version"
+	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
+	bhshim "github.com/bulkhead-runtime/bulkhead/runtime/shim"
 )
 
 // RuntimeType is the containerd runtime type that selects this shim
@@ -57,7 +60,7 @@ func (manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ shi
 		return shim.BootstrapParams{}, fmt.Errorf("container %s: %w", id, err)
 	}
 	group := id
-	if sid := annotations[runtime.AnnotationSandboxID]; sid != "" {
+	if sid := annotations[cri.AnnotationSandboxID]; sid != "" {
 		group = sid
 	}
 
@@ -174,19 +177,13 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 			log.G(ctx).WithError(err).Infof("container %s: unmount rootfs", id)
 		}
 	}
-	if annotations, err := readBundleAnnotations(bundle); err == nil && annotations[runtime.AnnotationContainerType] == runtime.ContainerTypeSandbox {
-		if cfg, err := config.Load(config.Path()); err == nil {
-			// The shim died with the sandbox: release what it held.
-			if cfg.Pipeline.Enabled {
-				if c, err := runtime.OpenComponents(ctx, cfg, false); err != nil {
-					log.G(ctx).WithError(err).Warnf("sandbox %s: open pipeline for release", id)
-				} else if err := runtime.NewPipeline(cfg, c).Release(ctx, id); err != nil {
-					log.G(ctx).WithError(err).Warnf("sandbox %s: release", id)
-				}
-			}
-			if err := runtime.NewStateDir(cfg.StateDir).Remove(id); err != nil {
-				log.G(ctx).WithError(err).Warnf("sandbox %s: remove record", id)
-			}
+	if annotations, err := readBundleAnnotations(bundle); err == nil && annotations[cri.AnnotationContainerType] == cri.ContainerTypeSandbox {
+		// The shim died with the sandbox: the agent releases what it held
+		// (or, when it cannot be told now, its GC does once it serves).
+		if cfg, err := config.Load(config.Path()); err != nil {
+			log.G(ctx).WithError(err).Warnf("sandbox %s: no node config to reach the agent for its release", id)
+		} else if err := bhshim.Release(ctx, cfg, agentapi.RuntimeGVisor, id); err != nil {
+			log.G(ctx).WithError(err).Warnf("sandbox %s: release", id)
 		}
 	}
 	return shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}, nil
@@ -196,7 +193,7 @@ func (manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 func (manager) Info(ctx context.Context, _ io.Reader) (*types.RuntimeInfo, error) {
 	return &types.RuntimeInfo{
 		Name:    RuntimeType,
-		Version: &types.RuntimeVersion{Version: runtime.Version},
+		Version: &types.RuntimeVersion{Version: version.Version},
 	}, nil
 }
 

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	gvisorrunsc "gvisor.dev/gvisor/pkg/shim/v1/runsc"
 	"gvisor.dev/gvisor/pkg/shim/v1/runtimeoptions"
-
 )
 
 // runtimeOptionsTypeURL names gVisor's runtime options when Bulkhead hands

@@ -4,7 +4,6 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"strings"
 	"testing"
-
 )
 
 func TestRunscOptionsRoundTrip(t *testing.T) {

@@ -1,15 +1,19 @@
-package runtime
+// Package runc is the runc tier's adapter: containerd's own runc task
+// service (containerd-shim-runc-v2's) with a thin Bulkhead pod in front of
+// it, for the tiers the policy lets run on the host kernel. It lives apart
+// from runtime/gvisor so that neither shim links the other's runtime, and
+// from the node agent so that the shim links no policy, fence or GPU code.
+package runc
 
 import (
 	"context"
 	"fmt"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	runctask "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
-	"github.com/containerd/containerd/v2/pkg/shim"
+	containerdshim "github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/containerd/v2/plugins"
 	"github.com/containerd/plugin"
@@ -17,24 +21,18 @@ import (
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
 
-	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/shim"
 )
 
-// The runc tier: pods whose tier may run on the host kernel (trusted, by
-// default) use this handler. containerd's own runc task service runs them;
-// Bulkhead's pipeline sits in front of it exactly as it does for gVisor.
-const (
-	// RuncRuntimeType selects containerd-shim-bulkhead-runc-v1.
-	RuncRuntimeType = "io.containerd.bulkhead-runc.v1"
-	// RuncHandler is the CRI runtime handler (RuntimeClass handler) of the
-	// runc tier.
-	RuncHandler = "bulkhead-runc"
-)
+// RuntimeType selects containerd-shim-bulkhead-runc-v1.
+const RuntimeType = "io.containerd.bulkhead-runc.v1"
 
-// RegisterRuncTaskService registers, as the shim's TTRPC task service,
+// RegisterTaskService registers, as the shim's TTRPC task service,
 // containerd's runc task service with Bulkhead's pipeline in front of it.
 // The shim's main must not also import containerd's runc task plugin.
-func RegisterRuncTaskService() {
+func RegisterTaskService() {
 	registry.Register(&plugin.Registration{
 		Type:     plugins.TTRPCPlugin,
 		ID:       "task",
@@ -52,51 +50,47 @@ func RegisterRuncTaskService() {
 			if err != nil {
 				return nil, err
 			}
-			next, err := runctask.NewTaskService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service))
+			next, err := runctask.NewTaskService(ic.Context, pp.(containerdshim.Publisher), ss.(shutdown.Service))
 			if err != nil {
 				return nil, fmt.Errorf("runc task service: %w", err)
 			}
-			return NewRuncTask(cfg, next, OpenEarly(cfg, policy.RuntimeRunc))
+			return NewTask(cfg, next)
 		},
 	})
 }
 
-// RuncTask is containerd's runc task service for one pod with the
-// placement pipeline in front of it; calls it does not override go
-// straight to runc's.
-type RuncTask struct {
+// Task is containerd's runc task service for one pod with Bulkhead's pod in
+// front of it; calls it does not override go straight to runc's.
+type Task struct {
 	taskAPI.TTRPCTaskService
 	cfg config.Config
-	pod *Pod
+	pod *shim.Pod
 }
 
-// NewRuncTask returns the pod's task service in front of next; opening is
-// the pipeline OpenEarly began opening, or nil.
-func NewRuncTask(cfg config.Config, next taskAPI.TTRPCTaskService, opening *Opening) (*RuncTask, error) {
-	pod, err := NewPod(PodOptions{
-		Config:  cfg,
-		Runtime: policy.RuntimeRunc,
-		Opening: opening,
-		DeleteTask: func(ctx context.Context, id string) error {
-			_, err := next.Delete(ctx, &taskAPI.DeleteRequest{ID: id})
-			return err
-		},
-	})
+// NewTask returns the pod's task service in front of next.
+func NewTask(cfg config.Config, next taskAPI.TTRPCTaskService) (*Task, error) {
+	pod, err := shim.NewPod(shim.Options{Config: cfg, Runtime: agentapi.RuntimeRunc})
 	if err != nil {
 		return nil, err
 	}
-	return &RuncTask{TTRPCTaskService: next, cfg: cfg, pod: pod}, nil
+	return &Task{TTRPCTaskService: next, cfg: cfg, pod: pod}, nil
+}
+
+// deleteTask deletes container id from runc's task service.
+func (t *Task) deleteTask(ctx context.Context, id string) error {
+	_, err := t.TTRPCTaskService.Delete(ctx, &taskAPI.DeleteRequest{ID: id})
+	return err
 }
 
 // RegisterTTRPC serves the task API through the pipeline.
-func (t *RuncTask) RegisterTTRPC(server *ttrpc.Server) error {
+func (t *Task) RegisterTTRPC(server *ttrpc.Server) error {
 	taskAPI.RegisterTTRPCTaskService(server, t)
 	return nil
 }
 
 // Create places the pod (its sandbox) or judges the container, then lets
 // runc create it.
-func (t *RuncTask) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+func (t *Task) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
 	// containerd's CRI sends a runtime type other than runc.v2 generic
 	// options that runc's task service cannot read: the runc tier is
 	// configured from Bulkhead's own file instead.
@@ -106,10 +100,13 @@ func (t *RuncTask) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*t
 	}
 	r.Options = opts
 	var resp *taskAPI.CreateTaskResponse
-	err = t.pod.Create(ctx, r.ID, r.Bundle, func(string) error {
-		var err error
-		resp, err = t.TTRPCTaskService.Create(ctx, r)
-		return err
+	err = t.pod.Create(ctx, r.ID, r.Bundle, shim.Task{
+		Create: func(string) error {
+			var err error
+			resp, err = t.TTRPCTaskService.Create(ctx, r)
+			return err
+		},
+		Delete: t.deleteTask,
 	})
 	if err != nil {
 		return nil, err
@@ -120,13 +117,22 @@ func (t *RuncTask) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*t
 // Update judges a change of a container's resources (CRI
 // UpdateContainerResources: an in-place resize, crictl update) against the
 // tier and the pod's charge, then lets runc apply it.
-func (t *RuncTask) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
-	return t.pod.UpdateTask(ctx, r.ID, r.Resources, func() (*ptypes.Empty, error) { return t.TTRPCTaskService.Update(ctx, r) })
+func (t *Task) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
+	var resp *ptypes.Empty
+	err := t.pod.Update(ctx, r.ID, r.Resources, func() error {
+		var err error
+		resp, err = t.TTRPCTaskService.Update(ctx, r)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
 
 // Delete deletes a container; deleting the sandbox container releases
 // everything the pod holds.
-func (t *RuncTask) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+func (t *Task) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	resp, err := t.TTRPCTaskService.Delete(ctx, r)
 	if err != nil || r.ExecID != "" {
 		return resp, err
