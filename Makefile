@@ -33,15 +33,16 @@ help: ## List every target with what it does.
 	awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %s%-16s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build the shim, the CLI and the webhook into ./bin.
-	@mkdir -p $(BIN)
+build: ## Build the shims, the agent, the CLI and the webhook into ./bin, and the agent and CLI with the mock GPU node (tag bulkhead_mockgpu) into ./bin/mockgpu for the demo and the tests.
+	@mkdir -p $(BIN)/mockgpu
 	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -tags bulkhead_mockgpu -o $(BIN)/mockgpu/ ./cmd/bulkhead-agent ./cmd/bulkhead
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./test/images/netprobe
 
 .PHONY: build-failpoints
-build-failpoints: ## Build the test shim that honours BULKHEAD_TEST_FAIL_AT into ./bin/failpoints (e2e tests only).
+build-failpoints: ## Build the test agent that honours BULKHEAD_TEST_FAIL_AT, with the mock GPU node, into ./bin/failpoints (e2e tests only).
 	@mkdir -p $(BIN)/failpoints
-	$(GO) build -tags bulkhead_failpoints -o $(BIN)/failpoints/ ./cmd/containerd-shim-bulkhead-v1
+	$(GO) build -tags 'bulkhead_failpoints bulkhead_mockgpu' -o $(BIN)/failpoints/ ./cmd/bulkhead-agent
 
 .PHONY: deps
 deps: ## Install the Debian packages a local node needs (CNI plugins, busybox-static, iproute2); root.

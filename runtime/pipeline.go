@@ -14,15 +14,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
-	"github.com/bulkhead-runtime/bulkhead/mig/mocknode"
-	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
@@ -221,29 +218,10 @@ func openLedgerAndMIG(ctx context.Context, cfg config.Config, c *Components) err
 		return err
 	}
 	t = traceStage(ctx, "open.ledger", t)
-	var nb *nvmlbackend.Backend
-	switch cfg.MIG.Backend {
-	case "", "none":
-	case "mock":
-		node, err := mocknode.Open(cfg.MIG.MockState, cfg.MIG.MockModel, cfg.MIG.MockGPUs, mocknode.Options{})
-		if err != nil {
-			return fmt.Errorf("mig: %w", err)
-		}
-		if nb, err = nvmlbackend.New(node.Interface(), nvmlbackend.Options{}); err != nil {
-			return fmt.Errorf("mig: %w", err)
-		}
-	case "nvml":
-		// Real NVML; MIG mode is read, never toggled.
-		if nb, err = nvmlbackend.New(nvml.New(), nvmlbackend.Options{}); err != nil {
-			return fmt.Errorf("mig: nvml: %w", err)
-		}
-	default:
-		return fmt.Errorf("mig.backend %q: not one of none, mock, nvml", cfg.MIG.Backend)
-	}
-	if nb != nil {
-		c.Backend = nb
-		// The backend's view keeps GPUs not in MIG mode out of slicing.
-		c.GPUs = nb.AllocatorGPUs()
+	// The backend's view of the GPUs keeps those not in MIG mode out of
+	// slicing; MIG mode is read, never toggled.
+	if c.Backend, c.GPUs, err = mig.OpenBackend(cfg.MIG.Backend, backendOptions(cfg, false)); err != nil {
+		return err
 	}
 	traceStage(ctx, "open.mig", t)
 	return nil

@@ -3,15 +3,16 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"io"
 	"os"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
 	"github.com/bulkhead-runtime/bulkhead/mig"
-	"github.com/bulkhead-runtime/bulkhead/mig/mocknode"
-	"github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
+	// Every binary that links runtime can drive real GPUs (mig.backend =
+	// "nvml"); the mock is linked only under the tag bulkhead_mockgpu
+	// (package mig/mocknode/register).
+	_ "github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 )
 
 // ErrNoLedger is returned by OpenLedgerReadOnly when the node has no ledger
@@ -39,28 +40,24 @@ func OpenLedgerReadOnly(path string) (*Ledger, error) {
 // mig section of cfg, without creating state: a mock node whose state file
 // does not exist yet has no GPUs to report (nil, nil).
 func GPUsReadOnly(cfg config.Config) ([]mig.GPU, error) {
-	var nb *nvmlbackend.Backend
-	var err error
-	switch cfg.MIG.Backend {
-	case "", "none":
-		return nil, nil
-	case "mock":
-		if _, err := os.Stat(cfg.MIG.MockState); errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		node, err := mocknode.Open(cfg.MIG.MockState, cfg.MIG.MockModel, cfg.MIG.MockGPUs, mocknode.Options{})
-		if err != nil {
-			return nil, fmt.Errorf("mig.mock_state: %w", err)
-		}
-		if nb, err = nvmlbackend.New(node.Interface(), nvmlbackend.Options{}); err != nil {
-			return nil, fmt.Errorf("mig: %w", err)
-		}
-	case "nvml":
-		if nb, err = nvmlbackend.New(nvml.New(), nvmlbackend.Options{}); err != nil {
-			return nil, fmt.Errorf("mig: nvml: %w", err)
-		}
-	default:
-		return nil, fmt.Errorf("mig.backend %q: not one of none, mock, nvml", cfg.MIG.Backend)
+	b, gpus, err := mig.OpenBackend(cfg.MIG.Backend, backendOptions(cfg, true))
+	if err != nil {
+		return nil, err
 	}
-	return nb.AllocatorGPUs(), nil
+	// The GPUs are read; what the backend opened (NVML) is let go now.
+	if c, ok := b.(io.Closer); ok {
+		c.Close()
+	}
+	return gpus, nil
+}
+
+// backendOptions are what the mig section of cfg gives the backend it
+// names; readOnly opens it for reading only (GPUsReadOnly).
+func backendOptions(cfg config.Config, readOnly bool) mig.BackendOptions {
+	return mig.BackendOptions{
+		MockModel: cfg.MIG.MockModel,
+		MockGPUs:  cfg.MIG.MockGPUs,
+		MockState: cfg.MIG.MockState,
+		ReadOnly:  readOnly,
+	}
 }

@@ -1,0 +1,90 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"testing"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+)
+
+// TestDoesNotLinkMockGPU keeps the GPU mock out of every binary that links
+// runtime: MIG backends register by name, the real one (nvml) is always
+// linked and the mock (go-nvml's mock servers, mig/mocknode) only into builds
+// with the tag bulkhead_mockgpu.
+func TestDoesNotLinkMockGPU(t *testing.T) {
+	gotool := filepath.Join(goruntime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(gotool); err != nil {
+		t.Skipf("no go tool at %s (%v): cannot list runtime's dependencies", gotool, err)
+	}
+	out, err := exec.Command(gotool, "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	const module = "github.com/bulkhead-runtime/bulkhead/"
+	var mock []string
+	nvml := false
+	for _, pkg := range strings.Fields(string(out)) {
+		switch {
+		case strings.HasPrefix(pkg, "github.com/NVIDIA/go-nvml/pkg/nvml/mock"),
+			strings.HasPrefix(pkg, module+"mig/mocknode"):
+			mock = append(mock, pkg)
+		case pkg == module+"mig/nvmlbackend":
+			nvml = true
+		}
+	}
+	if len(mock) > 0 {
+		t.Errorf("runtime links %d packages of the GPU mock, want none: %s", len(mock), strings.Join(mock, ", "))
+	}
+	if !nvml {
+		t.Errorf("runtime does not link mig/nvmlbackend: a node could not open mig.backend = \"nvml\"")
+	}
+}
+
+// The node opens the backend mig.backend names; `bulkhead node status`
+// reads the same GPUs without creating the mock node, and a name the binary
+// does not link fails with mig.ErrUnknownBackend.
+func TestOpenBackendByName(t *testing.T) {
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
+	cfg.MIG = config.MIGConfig{Backend: "mock", MockModel: "a100-80gb", MockGPUs: 2, MockState: filepath.Join(dir, "gpus.json")}
+
+	if gpus, err := GPUsReadOnly(cfg); err != nil || gpus != nil {
+		t.Fatalf("GPUs before the node's first open: %v %v, want none", gpus, err)
+	}
+	if _, err := os.Stat(cfg.MIG.MockState); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("reading the GPUs created the mock node (%v)", err)
+	}
+
+	var c Components
+	if err := openLedgerAndMIG(context.Background(), cfg, &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Backend == nil || len(c.GPUs) != 2 {
+		t.Fatalf("opened backend %v with GPUs %v, want the mock's 2", c.Backend, c.GPUs)
+	}
+	gpus, err := GPUsReadOnly(cfg)
+	if err != nil || len(gpus) != 2 || gpus[0].Model != "a100-80gb" {
+		t.Fatalf("GPUs after the node opened: %v %v, want 2 x a100-80gb", gpus, err)
+	}
+
+	cfg.MIG.Backend = "nvlm"
+	if _, err := GPUsReadOnly(cfg); !errors.Is(err, mig.ErrUnknownBackend) || !strings.Contains(err.Error(), "mig.backend") {
+		t.Errorf("GPUs of mig.backend %q: %v, want mig.ErrUnknownBackend naming mig.backend", cfg.MIG.Backend, err)
+	}
+	if err := openLedgerAndMIG(context.Background(), cfg, &Components{}); !errors.Is(err, mig.ErrUnknownBackend) {
+		t.Errorf("opening mig.backend %q: %v, want mig.ErrUnknownBackend", cfg.MIG.Backend, err)
+	}
+
+	cfg.MIG.Backend = "none"
+	if gpus, err := GPUsReadOnly(cfg); err != nil || gpus != nil {
+		t.Errorf("GPUs of mig.backend none: %v %v, want none", gpus, err)
+	}
+}
