@@ -57,6 +57,8 @@ type Engine struct {
 	active atomic.Pointer[snapshot]
 
 	reloadMu sync.Mutex // serialises Reload so snapshots activate in order
+	// onReload is OnReload's function; guarded by reloadMu.
+	onReload func(revision string, err error)
 
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -173,6 +175,15 @@ func (e *Engine) Close() error {
 // Revision is the revision of the active bundle.
 func (e *Engine) Revision() string { return e.active.Load().revision }
 
+// OnReload registers fn, called after every reload (Reload, Watch) with
+// the revision active afterwards and the reload's error: nil when the new
+// bundle became active, else why it was refused and the old one stays.
+func (e *Engine) OnReload(fn func(revision string, err error)) {
+	e.reloadMu.Lock()
+	defer e.reloadMu.Unlock()
+	e.onReload = fn
+}
+
 // Reload reads, verifies and compiles the bundle again and activates it. On
 // any failure the active bundle stays and the error names its revision.
 func (e *Engine) Reload(ctx context.Context) error {
@@ -183,10 +194,17 @@ func (e *Engine) Reload(ctx context.Context) error {
 	if err != nil {
 		e.logger.Error("policy bundle reload refused; keeping the active bundle",
 			"bundle", e.opts.BundlePath, "active_revision", old.revision, "error", err)
-		return fmt.Errorf("policy: reload of %s refused, revision %s stays active: %w", e.opts.BundlePath, old.revision, err)
+		err = fmt.Errorf("policy: reload of %s refused, revision %s stays active: %w", e.opts.BundlePath, old.revision, err)
+		if e.onReload != nil {
+			e.onReload(old.revision, err)
+		}
+		return err
 	}
 	e.active.Store(snap)
 	e.logger.Info("policy bundle reloaded", "bundle", e.opts.BundlePath, "revision", snap.revision, "previous_revision", old.revision)
+	if e.onReload != nil {
+		e.onReload(snap.revision, nil)
+	}
 	return nil
 }
 
