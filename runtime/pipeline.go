@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -79,8 +78,9 @@ func (e *RefusedError) Error() string {
 // backend's devices and the pinned eBPF maps.
 type Pipeline struct {
 	cfg config.Config
-	// runtime is what this shim runs pods in: policy.RuntimeGVisor or
-	// policy.RuntimeRunc. A decision for another runtime is refused.
+	// runtime runs the sandboxes that do not name theirs (Sandbox.Runtime):
+	// policy.RuntimeGVisor or policy.RuntimeRunc. A decision for another
+	// runtime than the sandbox's is refused.
 	runtime string
 	decider policy.Decider
 	ledger  *Ledger
@@ -117,6 +117,22 @@ func OpenPipeline(ctx context.Context, cfg config.Config, runtime string) (*Pipe
 	p := NewPipeline(cfg, c)
 	p.runtime = runtime
 	return p, nil
+}
+
+// Decider is the policy the pipeline asks.
+func (p *Pipeline) Decider() policy.Decider { return p.decider }
+
+// Close closes the policy engine and the fence's handles; the fence's
+// pinned maps and programs stay, and keep enforcing for running pods.
+func (p *Pipeline) Close() error {
+	var errs []error
+	if c, ok := p.decider.(interface{ Close() error }); ok {
+		errs = append(errs, c.Close())
+	}
+	if p.fence != nil {
+		errs = append(errs, p.fence.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // PolicyCacheDir is the directory under the state directory where shims
@@ -290,6 +306,23 @@ func traceDuration(ctx context.Context, name string, d time.Duration) {
 	}
 }
 
+// Stage is how long one stage of a sandbox's create took.
+type Stage struct {
+	Name string
+	Took time.Duration
+}
+
+// Stages lists the trace's stages in the order they were recorded.
+func (t *startTrace) Stages() []Stage {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Stage, len(t.stages))
+	for i, s := range t.stages {
+		out[i] = Stage{Name: s.name, Took: s.d}
+	}
+	return out
+}
+
 // String lists the stages in order as name=duration, in milliseconds.
 func (t *startTrace) String() string {
 	t.mu.Lock()
@@ -390,7 +423,7 @@ func (p *Pipeline) AdmitContainer(ctx context.Context, sb *Sandbox, a *Admission
 	if err != nil || !d.Allow {
 		return refusal(sb, d, err)
 	}
-	if p.runtime == policy.RuntimeRunc && a != nil && a.Reservation != nil && a.Reservation.Endpoint != nil && sb.NetNS != "" {
+	if p.runtimeOf(sb) == policy.RuntimeRunc && a != nil && a.Reservation != nil && a.Reservation.Endpoint != nil && sb.NetNS != "" {
 		return checkInterfaces(sb, a.Reservation)
 	}
 	return nil
@@ -449,16 +482,16 @@ func (p *Pipeline) reserve(ctx context.Context, sb *Sandbox, in policy.Input, a 
 		}
 		// The policy picks the runtime from the handler; this shim runs
 		// one runtime and starts nothing in another.
-		if d.Runtime != p.runtime {
+		if d.Runtime != p.runtimeOf(sb) {
 			return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Tenant: d.Tenant, Reasons: []policy.Reason{{
 				Rule:    RuleRuntimeMismatch,
-				Message: fmt.Sprintf("handler %q runs %s here, but the policy chose runtime %q for it (data.bulkhead.handlers)", sb.Handler, p.runtime, d.Runtime),
+				Message: fmt.Sprintf("handler %q runs %s here, but the policy chose runtime %q for it (data.bulkhead.handlers)", sb.Handler, p.runtimeOf(sb), d.Runtime),
 			}}}
 		}
 		res := &Reservation{
 			SandboxID: sb.ID, State: StateReserved, Tenant: d.Tenant, Tier: d.Tier,
 			Namespace: sb.Namespace, Pod: sb.Name, MemoryBytes: in.Request.MemoryBytes,
-			ShimPID: os.Getpid(), CreatedAt: sb.CreatedAt,
+			ShimPID: sb.ShimPID, CreatedAt: sb.CreatedAt,
 		}
 		if in.Request.GPU != nil {
 			pl, err := p.placeGPU(sb, d, in.Request.GPU, alloc)
@@ -476,6 +509,14 @@ func (p *Pipeline) reserve(ctx context.Context, sb *Sandbox, in policy.Input, a 
 		a.Decision, a.Reservation = d, res
 		return nil
 	})
+}
+
+// runtimeOf is the runtime sandbox sb runs in.
+func (p *Pipeline) runtimeOf(sb *Sandbox) string {
+	if sb.Runtime != "" {
+		return sb.Runtime
+	}
+	return p.runtime
 }
 
 // allocator rebuilds the node's GPU allocator from the ledger; nil without GPUs.
@@ -526,7 +567,7 @@ func (p *Pipeline) placeGPU(sb *Sandbox, d policy.Decision, req *policy.GPUReque
 	} else {
 		// gVisor's nvproxy cannot expose MIG capability devices: apply the
 		// policy's answer instead of starting a sandbox that cannot use its GPU.
-		mode, err := mig.SandboxGPUMode(p.runtime, d.GPU.MIGInSandbox)
+		mode, err := mig.SandboxGPUMode(p.runtimeOf(sb), d.GPU.MIGInSandbox)
 		if err != nil {
 			return mig.Placement{}, refuse("gpu.mig_in_gvisor", err.Error())
 		}

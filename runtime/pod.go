@@ -50,6 +50,9 @@ type PodOptions struct {
 	// the node. nil runs pods unjudged (pipeline.enabled = false, a
 	// benchmark baseline).
 	Pipeline *Pipeline
+	// Observe, if set, hears of every sandbox create once it returns: the
+	// time each stage took, the whole create's, and its error.
+	Observe func(runtime string, stages []Stage, took time.Duration, err error)
 }
 
 // Pod is one pod's side of the pipeline, whichever task service (gVisor's
@@ -73,6 +76,8 @@ type Pod struct {
 	checkSandbox func(sb *Sandbox) error
 	// pipeline places the pod; nil while the pipeline is disabled.
 	pipeline *Pipeline
+	// observe is PodOptions.Observe.
+	observe func(runtime string, stages []Stage, took time.Duration, err error)
 
 	// mu guards sandbox and admission, and is held while the task service
 	// creates a container.
@@ -106,6 +111,7 @@ func NewPod(opts PodOptions) (*Pod, error) {
 		deleteTask:   opts.DeleteTask,
 		checkSandbox: opts.CheckSandbox,
 		pipeline:     opts.Pipeline,
+		observe:      opts.Observe,
 	}, nil
 }
 
@@ -274,6 +280,9 @@ func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 		return err
 	}
 	defer func() {
+		if p.observe != nil {
+			p.observe(p.runtime, trace.Stages(), time.Since(began), retErr)
+		}
 		if retErr == nil {
 			return
 		}
