@@ -35,6 +35,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/telemetry"
 )
 
 // gcInterval is how often the agent repairs what dead shims left, besides
@@ -63,6 +64,11 @@ type Agent struct {
 
 	// gcSoon asks the GC loop for a pass now (a shim died mid-call).
 	gcSoon chan struct{}
+
+	metrics *telemetry.Metrics
+	// events is nil where the agent does not reach the API server.
+	events *telemetry.Events
+	bundle bundleState
 }
 
 // Open opens the pipeline cfg names (policy, ledger, GPU backend, fence)
@@ -71,17 +77,17 @@ func Open(ctx context.Context, cfg config.Config) (*Agent, error) {
 	if !cfg.Pipeline.Enabled {
 		return nil, errors.New("pipeline.enabled is false: the shims run pods unjudged and never call the agent (a benchmark baseline); there is nothing to serve")
 	}
-	p, err := runtime.OpenPipeline(ctx, cfg, policy.RuntimeGVisor)
-	if err != nil {
-		return nil, err
-	}
 	a := &Agent{
-		cfg: cfg, pipeline: p, state: runtime.NewStateDir(cfg.StateDir),
+		cfg: cfg, state: runtime.NewStateDir(cfg.StateDir),
 		pods: map[string]*runtime.Pod{}, ops: map[uint64]*op{}, gcSoon: make(chan struct{}, 1),
 	}
-	if eng, ok := p.Decider().(*policy.Engine); ok {
-		a.engine = eng
+	a.openTelemetry(ctx)
+	p, err := a.openPipeline(ctx)
+	if err != nil {
+		a.events.Close()
+		return nil, err
 	}
+	a.pipeline = p
 	if _, err := p.GC(ctx, a.state); err != nil {
 		log.G(ctx).WithError(err).Warn("gc at agent start")
 	}
@@ -90,7 +96,10 @@ func Open(ctx context.Context, cfg config.Config) (*Agent, error) {
 
 // Close releases the agent's handles. Running pods keep their fence entries
 // and reservations.
-func (a *Agent) Close() error { return a.pipeline.Close() }
+func (a *Agent) Close() error {
+	a.events.Close()
+	return a.pipeline.Close()
+}
 
 // Listen creates the agent's socket at path: its directory 0700 and the
 // socket 0600, root's, replacing a socket a dead agent left.
@@ -141,6 +150,13 @@ func (a *Agent) Serve(ctx context.Context, l net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go a.gcLoop(ctx)
+	if addr := a.cfg.Agent.MetricsAddress; addr != "" {
+		go func() {
+			if err := a.metrics.Serve(ctx, addr); err != nil {
+				log.G(ctx).WithError(err).Errorf("agent.metrics_address %s: not serving /metrics", addr)
+			}
+		}()
+	}
 	if a.engine != nil {
 		go func() {
 			if err := a.engine.Watch(ctx, bundlePoll); err != nil && ctx.Err() == nil {
@@ -228,7 +244,7 @@ func (a *Agent) podOptions(c agentapi.Caller, o *op) (runtime.PodOptions, error)
 		return runtime.PodOptions{}, fmt.Errorf("caller.pid: %d is not a process id", c.PID)
 	}
 	return runtime.PodOptions{
-		Config: a.cfg, Runtime: c.Runtime, ShimPID: c.PID, Pipeline: a.pipeline,
+		Config: a.cfg, Runtime: c.Runtime, ShimPID: c.PID, Pipeline: a.pipeline, Observe: a.observe,
 		DeleteTask: func(ctx context.Context, id string) error {
 			if o == nil {
 				return fmt.Errorf("container %s: no call of the shim to delete it through", id)
@@ -317,6 +333,7 @@ func (a *Agent) create(ctx context.Context, r agentapi.CreateRequest) (agentapi.
 			a.pods[r.ID] = p
 			a.mu.Unlock()
 		}
+		a.refused(err, r.Bundle, r.Sandbox)
 		return err
 	}), nil
 }
@@ -332,7 +349,9 @@ func (a *Agent) update(ctx context.Context, r agentapi.UpdateRequest) (agentapi.
 	}
 	work := context.WithoutCancel(ctx)
 	return a.start(ctx, r.Caller, func(o *op) error {
-		return p.Update(work, r.ID, res, func() error { return o.ask(agentapi.ActUpdate, r.ID) })
+		err := p.Update(work, r.ID, res, func() error { return o.ask(agentapi.ActUpdate, r.ID) })
+		a.refused(err, "", r.Sandbox)
+		return err
 	}), nil
 }
 

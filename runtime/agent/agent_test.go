@@ -13,12 +13,15 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
 	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
+	"github.com/bulkhead-runtime/bulkhead/runtime/telemetry"
 )
 
 const testTenants = `{"bulkhead": {"tenants": {
@@ -290,5 +293,65 @@ func TestSocketRefusesNonRoot(t *testing.T) {
 func TestConfigRuntimesArePolicys(t *testing.T) {
 	if agentapi.RuntimeGVisor != policy.RuntimeGVisor || agentapi.RuntimeRunc != policy.RuntimeRunc {
 		t.Errorf("agentapi runtimes %q, %q; policy's %q, %q", agentapi.RuntimeGVisor, agentapi.RuntimeRunc, policy.RuntimeGVisor, policy.RuntimeRunc)
+	}
+}
+
+// TestRefusalIsCountedAndReported: a refused sandbox is counted by rule in
+// the agent's metrics, its create's outcome is timed, and a Warning Event
+// names the rule on the pod.
+func TestRefusalIsCountedAndReported(t *testing.T) {
+	ctx := context.Background()
+	a, c, _ := testAgent(t)
+	client := fake.NewClientset()
+	a.events = telemetry.NewEventsForClient(client, "node-a")
+	caller := agentapi.Caller{Runtime: agentapi.RuntimeRunc, PID: os.Getpid()}
+	// An untrusted tenant's pod on the runc shim: runtime.runc_forbidden
+	// or the handler rule, whichever the bundle puts first.
+	reply, err := c.Create(ctx, agentapi.CreateRequest{Caller: caller, ID: "sb-runc", Bundle: sandboxBundle(t, "agents", "on-runc")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.Act != "" || !strings.Contains(reply.Error, "bulkhead refused pod agents/on-runc") {
+		t.Fatalf("reply = %+v, want a refusal", reply)
+	}
+	families, err := a.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch f.GetName() {
+			case "bulkhead_node_decisions_total":
+				counted["decision/"+labels["result"]] += m.GetCounter().GetValue()
+			case "bulkhead_node_start_seconds":
+				counted["start/"+labels["runtime"]+"/"+labels["result"]] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	if counted["decision/deny"] < 1 || counted["start/runc/refused"] != 1 {
+		t.Errorf("metrics = %v, want a deny decision and one refused runc start", counted)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		list, err := client.CoreV1().Events("agents").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Items) > 0 {
+			ev := list.Items[0]
+			if ev.Reason != telemetry.ReasonRefused || ev.InvolvedObject.Name != "on-runc" || !strings.Contains(ev.Message, "bulkhead refused pod agents/on-runc") {
+				t.Errorf("event = %s %s/%s %q", ev.Reason, ev.InvolvedObject.Namespace, ev.InvolvedObject.Name, ev.Message)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no Event on the refused pod after 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
