@@ -32,15 +32,10 @@ func TestPodRunsInGVisorThroughCRI(t *testing.T) {
 	}
 	t.Logf("pod %s has CNI IP %s", podID[:12], ip)
 
-	// Bulkhead recorded the sandbox with its identity from the CRI annotations.
-	rec, err := os.ReadFile(filepath.Join(n.StateDir, "sandboxes", podID, "sandbox.json"))
-	if err != nil {
-		t.Fatalf("sandbox record: %v", err)
-	}
-	for _, want := range []string{`"namespace": "default"`, `"name": "spine"`, `"handler": "bulkhead"`, `"phase": "created"`} {
-		if !strings.Contains(string(rec), want) {
-			t.Errorf("sandbox record lacks %s:\n%s", want, rec)
-		}
+	// With the pipeline off (a benchmark baseline) the shim asks no agent
+	// and nothing is recorded: the pod is gVisor's alone.
+	if _, err := os.Stat(filepath.Join(n.StateDir, "sandboxes", podID)); !os.IsNotExist(err) {
+		t.Errorf("sandbox record of a pod the pipeline never saw: stat = %v, want none", err)
 	}
 
 	c1, err := startContainer(ctx, n, podID, pod, "first", "echo hello-from-bulkhead; exec sleep 3600")
