@@ -404,20 +404,12 @@ func leftovers(dir, pinDir, bridge string) error {
 	return nil
 }
 
-// status runs `bulkhead node status` on the demo's node: the CLI linked
-// with the GPU mock (bin/mockgpu) where it is built, since the node's GPUs
-// are mock ones, else the production CLI.
+// status runs `bulkhead node status` on the demo's node, with the CLI
+// linked with the GPU mock where it is built: the node's GPUs are mock ones.
 func (d *demo) status() error {
-	bin := "bulkhead"
-	for _, dir := range node.BinDirs() {
-		if _, err := os.Stat(filepath.Join(dir, "mockgpu", "bulkhead")); err == nil {
-			bin = filepath.Join(dir, "mockgpu", "bulkhead")
-			break
-		}
-		if _, err := os.Stat(filepath.Join(dir, "bulkhead")); err == nil {
-			bin = filepath.Join(dir, "bulkhead")
-			break
-		}
+	bin, err := node.LookMockPath("bulkhead")
+	if err != nil {
+		return fmt.Errorf("bulkhead node status: needs the bulkhead CLI (make build): %w", err)
 	}
 	out, err := exec.Command(bin, "node", "status", "--config", d.n.ShimConf).CombinedOutput()
 	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {

@@ -167,21 +167,32 @@ func lookPath(bin string, dirs []string) (string, error) {
 	return exec.LookPath(bin)
 }
 
-// AgentPath finds the node agent in binDirs: the build linked with the GPU
-// mock (bin/mockgpu/bulkhead-agent, `make build`), which a node file with
-// mig.backend = "mock" needs, in any of them first; then bulkhead-agent in
-// them or on PATH.
+// AgentPath finds the node agent in binDirs as lookMockPath does: the build
+// linked with the GPU mock, which a node file with mig.backend = "mock"
+// needs, first.
 func AgentPath(binDirs []string) (string, error) {
-	for _, d := range binDirs {
-		p := filepath.Join(d, "mockgpu", agentBinary)
+	p, err := lookMockPath(agentBinary, binDirs)
+	if err != nil {
+		return "", fmt.Errorf("needs %s (run `make build`)", agentBinary)
+	}
+	return p, nil
+}
+
+// LookMockPath finds bin (bulkhead-agent, bulkhead) for a node whose GPUs
+// are mock ones (Pipeline, mig.backend = "mock"): the build linked with the
+// GPU mock (`make build`: bin/mockgpu/bin, tag bulkhead_mockgpu) in any of
+// BinDirs first, then bin as LookPath finds it. A production build refuses
+// to open the mock backend.
+func LookMockPath(bin string) (string, error) { return lookMockPath(bin, BinDirs()) }
+
+func lookMockPath(bin string, dirs []string) (string, error) {
+	for _, d := range dirs {
+		p := filepath.Join(d, "mockgpu", bin)
 		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
 			return p, nil
 		}
 	}
-	if p, err := lookPath(agentBinary, binDirs); err == nil {
-		return p, nil
-	}
-	return "", fmt.Errorf("needs %s (run `make build`)", agentBinary)
+	return lookPath(bin, dirs)
 }
 
 // FailpointAgent returns the agent built with the bulkhead_failpoints tag
