@@ -64,6 +64,8 @@ type Agent struct {
 
 	// gcSoon asks the GC loop for a pass now (a shim died mid-call).
 	gcSoon chan struct{}
+	// startedAt is when Open opened the node.
+	startedAt time.Time
 
 	metrics *telemetry.Metrics
 	// events is nil where the agent does not reach the API server.
@@ -78,7 +80,7 @@ func Open(ctx context.Context, cfg config.Config) (*Agent, error) {
 		return nil, errors.New("pipeline.enabled is false: the shims run pods unjudged and never call the agent (a benchmark baseline); there is nothing to serve")
 	}
 	a := &Agent{
-		cfg: cfg, state: runtime.NewStateDir(cfg.StateDir),
+		cfg: cfg, state: runtime.NewStateDir(cfg.StateDir), startedAt: time.Now(),
 		pods: map[string]*runtime.Pod{}, ops: map[uint64]*op{}, gcSoon: make(chan struct{}, 1),
 	}
 	a.openTelemetry(ctx)
@@ -400,5 +402,5 @@ func (a *Agent) deleted(ctx context.Context, r agentapi.DeletedRequest) (agentap
 }
 
 func (a *Agent) status(ctx context.Context, _ agentapi.StatusRequest) (agentapi.StatusReply, error) {
-	return agentapi.StatusReply{}, errors.New("status: not served yet")
+	return a.statusReply()
 }
