@@ -1,36 +1,36 @@
 package main
 
 import (
-	"archive/tar"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
-	"github.com/bulkhead-runtime/bulkhead/mig"
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/runtime"
+	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 )
 
 func init() {
-	commands["node"] = command{summary: "node state: status (read-only), gc (repairs what crashed shims left)", run: func(args []string) int { return nodeMain(args, os.Stdout, os.Stderr) }}
+	commands["node"] = command{summary: "node state: status (from the agent, or read-only), gc (repairs what crashed shims left)", run: func(args []string) int { return nodeMain(args, os.Stdout, os.Stderr) }}
 }
 
 const nodeUsage = `usage: bulkhead node <subcommand> [flags]
 
 subcommands:
-  status [--json] [--config PATH]  usage against quota, GPU layout, fenced endpoints and drop
-                                   counters; read-only: it creates and changes nothing
+  status [--json] [--config PATH]  the node agent's state (bundle revision, pods served), usage
+                                   against quota, GPU layout, fenced endpoints and drop counters,
+                                   as the agent at agent.socket reports them; when it does not
+                                   answer, read-only from the node's files (the first line says so)
   gc [--config PATH]               repair what crashed shims left behind (root)
 
 exit status: 0 done, 1 failure, 2 usage error
@@ -51,7 +51,7 @@ func nodeMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fs := newFlagSet("node "+args[0], stderr)
-	cfgPath := fs.String("config", config.Path(), "shim configuration file")
+	cfgPath := fs.String("config", config.Path(), "the node's configuration file")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -102,199 +102,59 @@ func nodeMain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// NodeStatus is what `bulkhead node status` reports.
-type NodeStatus struct {
-	Tenants    []TenantStatus  `json:"tenants"`
-	GPUs       []mig.GPUUsage  `json:"gpus"`
-	Placements []mig.Placement `json:"placements"`
-	// Instances are the MIG instances the node's pods hold (runc tier).
-	Instances  []MIGInstance           `json:"mig_instances"`
-	Endpoints  []netpol.EndpointInfo   `json:"endpoints"`
-	Drops      map[string]netpol.Stats `json:"drops"`
-	Sandboxes  []*runtime.Reservation  `json:"sandboxes"`
-	Quota      map[string]TenantQuota  `json:"quota,omitempty"`
-	LedgerPath string                  `json:"ledger_path"`
-	// Ledger, when not empty, says why there are no sandboxes to list.
-	Ledger string `json:"ledger,omitempty"`
-	// Fence is "enabled" or "DISABLED (netpol.enabled = false)".
-	Fence string `json:"fence"`
-}
+// The report's types, under the names the CLI's tests use.
+type (
+	NodeStatus   = runtime.NodeStatus
+	TenantStatus = runtime.TenantStatus
+)
 
-// MIGInstance is a MIG instance and the pod holding it.
-type MIGInstance struct {
-	mig.Instance
-	Sandbox string `json:"sandbox"`
-	Tenant  string `json:"tenant"`
-}
+// agentTimeout bounds the call to the node agent; past it, status reads
+// the node's files instead.
+const agentTimeout = 2 * time.Second
 
-// TenantStatus is a tenant's usage on this node.
-type TenantStatus struct {
-	Tenant      string `json:"tenant"`
-	Tier        string `json:"tier"`
-	Sandboxes   int    `json:"sandboxes"`
-	GPUSlices   int    `json:"gpu_slices"`
-	MemoryBytes int64  `json:"memory_bytes"`
-}
-
-// TenantQuota is a tenant's quota as the policy data states it.
-type TenantQuota struct {
-	Sandboxes int    `json:"sandboxes,omitempty"`
-	GPUSlices int    `json:"gpu_slices,omitempty"`
-	Memory    string `json:"memory,omitempty"`
-}
-
-// nodeStatus reads the node's state read-only: the ledger, the GPUs and the
-// pinned fence are opened as they are and never created.
+// nodeStatus asks the node agent at agent.socket for the node's state.
+// When the agent does not answer (stopped, busy past agentTimeout, or the
+// caller is not root) it reads the node's files read-only and says so in
+// the report's agent section. It fails only when neither works.
 func nodeStatus(cfg config.Config) (*NodeStatus, error) {
-	st := &NodeStatus{Drops: map[string]netpol.Stats{}, LedgerPath: cfg.LedgerPath, Fence: "enabled"}
-	if !cfg.Netpol.Enabled {
-		st.Fence = fenceDisabled
+	st, agentErr := askAgent(cfg.Agent.Socket)
+	if agentErr == nil {
+		return st, nil
 	}
-	ledger, err := runtime.OpenLedgerReadOnly(cfg.LedgerPath)
-	switch {
-	case errors.Is(err, runtime.ErrNoLedger):
-		st.Ledger = fmt.Sprintf("none at %s (ledger_path): no Bulkhead pod has run on this node", cfg.LedgerPath)
-	case err != nil:
-		return nil, fmt.Errorf("ledger_path: %w", err)
-	default:
-		if err := ledger.View(func(tx *runtime.LedgerTx) error {
-			var err error
-			st.Sandboxes, err = tx.List()
-			return err
-		}); err != nil {
-			return nil, fmt.Errorf("ledger_path: %w", err)
-		}
-	}
-	gpus, err := runtime.GPUsReadOnly(cfg)
+	st, err := runtime.ReadNodeStatus(cfg)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (and the agent did not answer: %v)", err, agentErr)
 	}
-	byTenant := map[string]*TenantStatus{}
-	for _, r := range st.Sandboxes {
-		ts := byTenant[r.Tenant]
-		if ts == nil {
-			ts = &TenantStatus{Tenant: r.Tenant, Tier: r.Tier}
-			byTenant[r.Tenant] = ts
-		}
-		ts.Sandboxes++
-		ts.GPUSlices += r.GPUSlices()
-		ts.MemoryBytes += r.MemoryBytes
-		if r.GPU != nil {
-			st.Placements = append(st.Placements, *r.GPU)
-		}
-		if r.Instance != nil {
-			st.Instances = append(st.Instances, MIGInstance{Instance: *r.Instance, Sandbox: r.SandboxID, Tenant: r.Tenant})
-		}
+	why := agentErr.Error()
+	if os.Geteuid() != 0 {
+		why += "; the agent answers root only"
 	}
-	for _, ts := range byTenant {
-		st.Tenants = append(st.Tenants, *ts)
-	}
-	sort.Slice(st.Tenants, func(i, j int) bool { return st.Tenants[i].Tenant < st.Tenants[j].Tenant })
-	if len(gpus) > 0 {
-		alloc, err := mig.NewAllocator(gpus, st.Placements)
-		if err != nil {
-			return nil, err
-		}
-		st.GPUs = alloc.Usage()
-	}
-	st.Quota = readQuotas(cfg.Policy.Data)
-	if st.Quota == nil {
-		st.Quota = readQuotas(cfg.Policy.Bundle)
-	}
-	if cfg.Netpol.Enabled {
-		fence, err := netpol.OpenReadOnly(cfg.Netpol.PinDir)
-		if errors.Is(err, netpol.ErrNoFence) {
-			st.Fence = fmt.Sprintf("enabled, none pinned yet at %s (netpol.pin_dir): no pod has registered with it", cfg.Netpol.PinDir)
-			return st, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("netpol.pin_dir: %w", err)
-		}
-		defer fence.Close()
-		if st.Endpoints, err = fence.Endpoints(); err != nil {
-			return nil, err
-		}
-		// Counters outlive pods: report every tenant the policy or the
-		// ledger names that the fence has seen.
-		tenants := map[string]bool{}
-		for _, ts := range st.Tenants {
-			tenants[ts.Tenant] = true
-		}
-		for t := range st.Quota {
-			tenants[t] = true
-		}
-		for t := range tenants {
-			if s, err := fence.Stats(t); err == nil {
-				st.Drops[t] = s
-			}
-		}
-	}
+	st.Agent = &runtime.AgentStatus{Socket: cfg.Agent.Socket, ReadOnly: "agent not reachable: read-only view of the node's files (" + why + ")"}
 	return st, nil
 }
 
-// readQuotas reads data.bulkhead.tenants[*].quota from a policy data file,
-// a bundle directory or a bundle .tar.gz.
-func readQuotas(path string) map[string]TenantQuota {
-	if path == "" {
-		return nil
-	}
-	b, err := readBundleData(path)
+// askAgent is the agent's status report.
+func askAgent(socket string) (*NodeStatus, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), agentTimeout)
+	defer cancel()
+	c := agentapi.NewClient(socket)
+	defer c.Close()
+	reply, err := c.Status(ctx)
 	if err != nil {
-		return nil
+		return nil, err
 	}
-	var doc struct {
-		Bulkhead struct {
-			Tenants map[string]struct {
-				Quota TenantQuota `json:"quota"`
-			} `json:"tenants"`
-		} `json:"bulkhead"`
+	var st NodeStatus
+	if err := json.Unmarshal(reply.Report, &st); err != nil {
+		return nil, fmt.Errorf("agent at %s: status report: %w", socket, err)
 	}
-	if json.Unmarshal(b, &doc) != nil {
-		return nil
+	if st.Agent == nil {
+		return nil, fmt.Errorf("agent at %s: status report without its agent section", socket)
 	}
-	out := map[string]TenantQuota{}
-	for t, v := range doc.Bulkhead.Tenants {
-		out[t] = v.Quota
-	}
-	return out
+	return &st, nil
 }
-
-func readBundleData(path string) ([]byte, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if st.IsDir() {
-		return os.ReadFile(filepath.Join(path, "data.json"))
-	}
-	if !strings.HasSuffix(path, ".tar.gz") {
-		return os.ReadFile(path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		return nil, err
-	}
-	tr := tar.NewReader(zr)
-	for {
-		h, err := tr.Next()
-		if err != nil {
-			return nil, err
-		}
-		if strings.TrimPrefix(h.Name, "/") == "data.json" {
-			return io.ReadAll(io.LimitReader(tr, 64<<20))
-		}
-	}
-}
-
-// fenceDisabled is what status says of a node whose operator turned the fence off.
-const fenceDisabled = "DISABLED (netpol.enabled = false): no cross-tenant, metadata or egress enforcement on this node"
 
 func printStatus(w io.Writer, st *NodeStatus) {
+	printAgent(w, st.Agent, time.Now())
 	fmt.Fprintf(w, "FENCE: %s\n", st.Fence)
 	switch {
 	case st.Ledger != "":
@@ -378,4 +238,31 @@ func formatDrops(drops map[netpol.Reason]uint64) string {
 		return "none"
 	}
 	return strings.Join(parts, " ")
+}
+
+// printAgent prints the agent's lines of a report, first: who answered,
+// or why the report was read from the node's files.
+func printAgent(w io.Writer, a *runtime.AgentStatus, now time.Time) {
+	switch {
+	case a == nil:
+	case !a.Running:
+		why := a.ReadOnly
+		if why == "" {
+			why = "not running"
+		}
+		// "AGENT: not reachable: ...", not "AGENT: agent not reachable".
+		fmt.Fprintf(w, "AGENT: %s\n", strings.TrimPrefix(why, "agent "))
+	default:
+		fmt.Fprintf(w, "AGENT: running, pid %d, socket %s, up %s (since %s); %d pods served, %d ops in flight\n",
+			a.PID, a.Socket, age(now, a.StartedAt), a.StartedAt.UTC().Format(time.RFC3339), a.Pods, a.OpsInFlight)
+		fmt.Fprintf(w, "BUNDLE: revision %s, loaded %s ago (%s)\n", a.BundleRevision, age(now, a.BundleLoadedAt), a.BundleLoadedAt.UTC().Format(time.RFC3339))
+		if a.ReloadError != "" {
+			fmt.Fprintf(w, "BUNDLE RELOAD REFUSED: %s\n", a.ReloadError)
+		}
+	}
+}
+
+// age is how long ago t was, to the second.
+func age(now, t time.Time) time.Duration {
+	return now.Sub(t).Round(time.Second)
 }
