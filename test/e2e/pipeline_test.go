@@ -381,10 +381,11 @@ func TestFailureAtEveryPipelineStepLeavesNothing(t *testing.T) {
 	pn.assertNodeClean(t)
 }
 
-// bulkheadCLI finds the bulkhead binary built by `make build`.
+// bulkheadCLI finds the bulkhead binary built by `make build` with the
+// GPU mock linked (bin/mockgpu): the e2e nodes' mig.backend is "mock".
 func bulkheadCLI(t *testing.T) string {
 	for _, d := range node.BinDirs() {
-		p := filepath.Join(d, "bulkhead")
+		p := filepath.Join(d, "mockgpu", "bulkhead")
 		if _, err := os.Stat(p); err == nil {
 			return p
 		}
