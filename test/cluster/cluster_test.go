@@ -388,7 +388,7 @@ func grepLines(s, word string) string {
 func mustOut(s string, _ error) string { return s }
 
 func mustLook(t *testing.T, bin string) string {
-	p, err := node.LookPath(bin)
+	p, err := node.LookMockPath(bin)
 	if err != nil {
 		t.Fatalf("needs %s (make build)", bin)
 	}

@@ -107,12 +107,20 @@ func StartStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
 	}
+	// The node file's pipeline state (mock GPUs, decision log, fence lock)
+	// lives here; the agent opens it, it does not create it.
+	shimDir := filepath.Join(dir, "shim")
+	if err := os.MkdirAll(shimDir, 0o711); err != nil {
+		in.Close()
+		_ = os.RemoveAll(dir)
+		return nil, nil, err
+	}
 	c, err := Start(ctx, Options{
 		Dir:                 dir,
 		AdmissionKubeconfig: in.AdmissionKubeconfig,
 		Node: node.Options{
 			BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d", id), Subnet: subnet,
-			PipelineEnabled: true, ShimConfig: in.ShimConfig(filepath.Join(dir, "shim"), subnet, pinDir),
+			PipelineEnabled: true, ShimConfig: in.ShimConfig(shimDir, subnet, pinDir),
 		},
 		RemoveAfterStop: []string{pinDir},
 		Log:             log,
