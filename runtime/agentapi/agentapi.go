@@ -198,7 +198,12 @@ func (c *Client) connect(ctx context.Context) (*ttrpc.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.conn = ttrpc.NewClient(conn)
+	var client *ttrpc.Client
+	// A connection the agent closed (it stopped or died) is forgotten as
+	// soon as ttrpc sees it close, so that the next call dials the agent
+	// that serves now instead of failing on the dead one's connection.
+	client = ttrpc.NewClient(conn, ttrpc.WithOnClose(func() { go c.drop(client) }))
+	c.conn = client
 	return c.conn, nil
 }
 
