@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io"
 	"os"
@@ -108,8 +109,9 @@ func TestNodeStatusReadOnly(t *testing.T) {
 	dir := t.TempDir()
 	node := filepath.Join(dir, "node") // does not exist: status must not create it
 	cfg := filepath.Join(dir, "bulkhead.toml")
-	doc := fmt.Sprintf("state_dir = %q\nledger_path = %q\n[pipeline]\nenabled = false\n[netpol]\nenabled = true\npin_dir = %q\nlock_path = %q\n",
-		filepath.Join(node, "state"), filepath.Join(node, "ledger.db"), filepath.Join(node, "pins"), filepath.Join(node, "netpol.lock"))
+	// The agent's socket is the test's own: none answers there.
+	doc := fmt.Sprintf("state_dir = %q\nledger_path = %q\n[agent]\nsocket = %q\n[pipeline]\nenabled = false\n[netpol]\nenabled = true\npin_dir = %q\nlock_path = %q\n",
+		filepath.Join(node, "state"), filepath.Join(node, "ledger.db"), filepath.Join(dir, "agent.sock"), filepath.Join(node, "pins"), filepath.Join(node, "netpol.lock"))
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -150,8 +152,8 @@ func TestNodeStatusNeedsNoPolicyKey(t *testing.T) {
 			dir := t.TempDir()
 			node := filepath.Join(dir, "node")
 			cfg := filepath.Join(dir, "bulkhead.toml")
-			doc := fmt.Sprintf("state_dir = %q\nledger_path = %q\n%s[netpol]\nenabled = false\n",
-				filepath.Join(node, "state"), filepath.Join(node, "ledger.db"), tc.extra)
+			doc := fmt.Sprintf("state_dir = %q\nledger_path = %q\n%s[netpol]\nenabled = false\n[agent]\nsocket = %q\n",
+				filepath.Join(node, "state"), filepath.Join(node, "ledger.db"), tc.extra, filepath.Join(dir, "agent.sock"))
 			if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -168,9 +170,9 @@ func TestNodeStatusNeedsNoPolicyKey(t *testing.T) {
 }
 
 func TestPrintStatusTables(t *testing.T) {
-	st := &NodeStatus{
+	st := &runtime.NodeStatus{
 		Fence:   "enabled",
-		Tenants: []TenantStatus{{Tenant: "agents", Tier: "untrusted", Sandboxes: 2, MemoryBytes: 1 << 30}, {Tenant: "research", Tier: "standard", Sandboxes: 1}},
+		Tenants: []runtime.TenantStatus{{Tenant: "agents", Tier: "untrusted", Sandboxes: 2, MemoryBytes: 1 << 30}, {Tenant: "research", Tier: "standard", Sandboxes: 1}},
 		Drops: map[string]netpol.Stats{
 			"research": {Drops: map[netpol.Reason]uint64{}},
 			"agents":   {Drops: map[netpol.Reason]uint64{netpol.Reasons()[3]: 9, netpol.Reasons()[4]: 3}},
@@ -193,7 +195,7 @@ func TestPrintStatusTables(t *testing.T) {
 		t.Errorf("status shows raw tabs or Go maps:\n%s", out)
 	}
 	b.Reset()
-	printStatus(&b, &NodeStatus{Fence: "enabled", LedgerPath: "/l.db"})
+	printStatus(&b, &runtime.NodeStatus{Fence: "enabled", LedgerPath: "/l.db"})
 	if !strings.Contains(b.String(), "no sandboxes on this node (ledger /l.db)") {
 		t.Errorf("empty node: %q", b.String())
 	}

@@ -102,12 +102,6 @@ func nodeMain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// The report's types, under the names the CLI's tests use.
-type (
-	NodeStatus   = runtime.NodeStatus
-	TenantStatus = runtime.TenantStatus
-)
-
 // agentTimeout bounds the call to the node agent; past it, status reads
 // the node's files instead.
 const agentTimeout = 2 * time.Second
@@ -116,7 +110,7 @@ const agentTimeout = 2 * time.Second
 // When the agent does not answer (stopped, busy past agentTimeout, or the
 // caller is not root) it reads the node's files read-only and says so in
 // the report's agent section. It fails only when neither works.
-func nodeStatus(cfg config.Config) (*NodeStatus, error) {
+func nodeStatus(cfg config.Config) (*runtime.NodeStatus, error) {
 	st, agentErr := askAgent(cfg.Agent.Socket)
 	if agentErr == nil {
 		return st, nil
@@ -134,7 +128,7 @@ func nodeStatus(cfg config.Config) (*NodeStatus, error) {
 }
 
 // askAgent is the agent's status report.
-func askAgent(socket string) (*NodeStatus, error) {
+func askAgent(socket string) (*runtime.NodeStatus, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), agentTimeout)
 	defer cancel()
 	c := agentapi.NewClient(socket)
@@ -143,7 +137,7 @@ func askAgent(socket string) (*NodeStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	var st NodeStatus
+	var st runtime.NodeStatus
 	if err := json.Unmarshal(reply.Report, &st); err != nil {
 		return nil, fmt.Errorf("agent at %s: status report: %w", socket, err)
 	}
@@ -153,7 +147,7 @@ func askAgent(socket string) (*NodeStatus, error) {
 	return &st, nil
 }
 
-func printStatus(w io.Writer, st *NodeStatus) {
+func printStatus(w io.Writer, st *runtime.NodeStatus) {
 	printAgent(w, st.Agent, time.Now())
 	fmt.Fprintf(w, "FENCE: %s\n", st.Fence)
 	switch {
