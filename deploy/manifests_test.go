@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io"
 	"io/fs"
 	"os"
@@ -16,7 +17,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pelletier/go-toml/v2"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -601,50 +601,13 @@ func TestNodeCrossReferences(t *testing.T) {
 	}
 }
 
-// nodeConfigFile mirrors the shim's /etc/bulkhead/config.toml keys.
-type nodeConfigFile struct {
-	RunscPath  string `toml:"runsc_path"`
-	RuncPath   string `toml:"runc_path"`
-	RuncRoot   string `toml:"runc_root"`
-	RunscRoot  string `toml:"runsc_root"`
-	StateDir   string `toml:"state_dir"`
-	LedgerPath string `toml:"ledger_path"`
-	// The kubelet's and containerd's own directories: binds from under
-	// them are the pod's files, not host paths.
-	KubeletRoot     string `toml:"kubelet_root"`
-	ContainerdRoot  string `toml:"containerd_root"`
-	ContainerdState string `toml:"containerd_state"`
-	Runsc           struct {
-		Platform   string   `toml:"platform"`
-		Network    string   `toml:"network"`
-		ExtraFlags []string `toml:"extra_flags"`
-	} `toml:"runsc"`
-	Policy struct {
-		Bundle  string `toml:"bundle"`
-		KeyFile string `toml:"key_file"`
-		KeyID   string `toml:"key_id"`
-		Scope   string `toml:"scope"`
-	} `toml:"policy"`
-	Netpol struct {
-		Enabled        bool                `toml:"enabled"`
-		PinDir         string              `toml:"pin_dir"`
-		LockPath       string              `toml:"lock_path"`
-		ClusterCIDRs   []string            `toml:"cluster_cidrs"`
-		SharedServices map[string][]string `toml:"shared_services"`
-	} `toml:"netpol"`
-}
-
-func nodeConfig(t *testing.T) nodeConfigFile {
+// nodeConfig is node/config.toml as the agent and the shims read it
+// (unknown keys refused, every key validated).
+func nodeConfig(t *testing.T) config.Config {
 	t.Helper()
-	data, err := os.ReadFile("node/config.toml")
+	c, err := config.Load("node/config.toml")
 	if err != nil {
 		t.Fatal(err)
-	}
-	var c nodeConfigFile
-	dec := toml.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		t.Fatalf("node/config.toml: %v", err)
 	}
 	if c.Policy.KeyID == "" || c.Policy.Scope == "" || c.Policy.Bundle == "" || c.Policy.KeyFile == "" {
 		t.Errorf("node/config.toml: [policy] must set bundle, key_file, key_id and scope: %+v", c.Policy)

@@ -97,6 +97,9 @@ func (a *Agent) openTelemetry(ctx context.Context) {
 	})
 	node := a.cfg.Agent.NodeName
 	if node == "" {
+		node = os.Getenv("NODE_NAME")
+	}
+	if node == "" {
 		node, _ = os.Hostname()
 	}
 	events, err := telemetry.NewEvents(a.cfg.Agent.Kubeconfig, node)

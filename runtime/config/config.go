@@ -138,7 +138,8 @@ type AgentConfig struct {
 	// emit Kubernetes Events on refused pods; "" uses the pod's service
 	// account when the agent runs in a pod, and emits no Events otherwise.
 	Kubeconfig string `toml:"kubeconfig"`
-	// NodeName is this node's name in Events; "" is the host name.
+	// NodeName is this node's name in Events; "" is $NODE_NAME (the node
+	// DaemonSet sets it from the pod's spec.nodeName), else the host name.
 	NodeName string `toml:"node_name"`
 }
 
