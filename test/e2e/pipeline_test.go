@@ -384,14 +384,11 @@ func TestFailureAtEveryPipelineStepLeavesNothing(t *testing.T) {
 // bulkheadCLI finds the bulkhead binary built by `make build` with the
 // GPU mock linked (bin/mockgpu): the e2e nodes' mig.backend is "mock".
 func bulkheadCLI(t *testing.T) string {
-	for _, d := range node.BinDirs() {
-		p := filepath.Join(d, "mockgpu", "bulkhead")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
+	p, err := node.LookMockPath("bulkhead")
+	if err != nil {
+		t.Skipf("needs the bulkhead CLI (make build): %v", err)
 	}
-	t.Skip("needs the bulkhead CLI (make build)")
-	return ""
+	return p
 }
 
 func TestShimKilledMidCreateThenContainerdRestartAndGC(t *testing.T) {
