@@ -288,6 +288,17 @@ func (a *Agent) start(ctx context.Context, c agentapi.Caller, work func(o *op) e
 	return a.answer(ctx, o)
 }
 
+// callContext is the context a shim's call is worked in: it outlives the
+// call (an op continues after the call that started it returned), and its
+// log lines carry the call's fields.
+func callContext(ctx context.Context, c agentapi.Caller, method, sandbox, id string) context.Context {
+	fields := log.Fields{"call": method, "runtime": c.Runtime, "shim_pid": c.PID, "container": id}
+	if sandbox != "" {
+		fields["sandbox"] = sandbox
+	}
+	return log.WithLogger(context.WithoutCancel(ctx), log.G(ctx).WithFields(fields))
+}
+
 // answer waits for o's next act or final answer; a final answer retires o.
 func (a *Agent) answer(ctx context.Context, o *op) agentapi.Reply {
 	reply, final := o.next(ctx)
@@ -312,7 +323,7 @@ func (a *Agent) create(ctx context.Context, r agentapi.CreateRequest) (agentapi.
 	if r.ID == "" || r.Bundle == "" {
 		return agentapi.Reply{}, fmt.Errorf("create: id %q and bundle %q must be set", r.ID, r.Bundle)
 	}
-	work := context.WithoutCancel(ctx)
+	work := callContext(ctx, r.Caller, agentapi.MethodCreate, r.Sandbox, r.ID)
 	return a.start(ctx, r.Caller, func(o *op) error {
 		var p *runtime.Pod
 		if r.Sandbox == "" {
@@ -349,7 +360,7 @@ func (a *Agent) update(ctx context.Context, r agentapi.UpdateRequest) (agentapi.
 	if r.ResourcesType != "" || len(r.Resources) > 0 {
 		res = &anypb.Any{TypeUrl: r.ResourcesType, Value: r.Resources}
 	}
-	work := context.WithoutCancel(ctx)
+	work := callContext(ctx, r.Caller, agentapi.MethodUpdate, r.Sandbox, r.ID)
 	return a.start(ctx, r.Caller, func(o *op) error {
 		err := p.Update(work, r.ID, res, func() error { return o.ask(agentapi.ActUpdate, r.ID) })
 		a.refused(err, "", r.Sandbox)

@@ -23,6 +23,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", config.Path(), "the node's configuration file (default $"+config.PathEnv+" or "+config.DefaultPath+")")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	logFormat := fs.String("log-format", "text", "log format: text, or json (one object per line, every call's sandbox, container, shim pid and op as fields)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: bulkhead-agent [--config PATH]\n\nServes the node's Bulkhead shims on the socket of the file's [agent] section.\n\n")
 		fs.PrintDefaults()
@@ -37,6 +38,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "bulkhead-agent: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if err := log.SetFormat(log.OutputFormat(*logFormat)); err != nil {
+		fmt.Fprintf(stderr, "bulkhead-agent: --log-format %q: not text or json\n", *logFormat)
 		return 2
 	}
 	if *showVersion {
