@@ -81,7 +81,8 @@ const (
 	flagEgressRestricted = 1 << 2
 	flagHasIPv4          = 1 << 3
 	flagHasIPv6          = 1 << 4
-	// flagRemote marks a tenant range configured in Options, not a local pod.
+	// flagRemote marks an owner that is not a pod of this node: a tenant
+	// range configured in Options or, with flagRemotePod, a remote pod.
 	flagRemote = 1 << 5
 	// flagClsact records that the endpoint's programs are clsact filters, not TCX links.
 	flagClsact = 1 << 6
@@ -90,6 +91,9 @@ const (
 	// flagHasRouter: endpointValue.Router holds the node's link-local address,
 	// the only source of router advertisements, redirects and MLD queries.
 	flagHasRouter = 1 << 8
+	// flagRemotePod marks a remote pod's address (Manager.SetRemote), kept
+	// apart from the configured ranges so that neither replaces the other.
+	flagRemotePod = 1 << 9
 )
 
 // Map names; each map is pinned under Options.PinDir with this name.

@@ -65,13 +65,19 @@
 //     decision's network.metadata_cidrs: instance metadata, task and pod
 //     identity agents) when the tier denies metadata: drop (metadata).
 //  10. IPv6 link-local peer (other than ND): drop (cluster).
-//  11. Peer owned by a tenant (a pod on this node or a configured remote
-//     range): another tenant, drop (tenant); the same tenant passes, except
+//  11. Peer owned by a tenant (a pod on this node, a pod of another node
+//     that the node agent learned from the API server (Manager.SetRemote),
+//     or a configured remote range): another tenant, drop (tenant); the
+//     same tenant passes, except
 //     RoCEv2 (UDP destination port 4791), which needs the RDMA grant on both
 //     ends (rdma).
 //  12. RoCEv2 to anything else: drop (rdma).
 //  13. Peer in a shared-service CIDR of the pod's tier (DNS, API server): pass.
-//  14. Peer in the cluster CIDRs but owned by no tenant: drop (cluster).
+//  14. Peer in the cluster CIDRs but owned by no tenant: drop (cluster),
+//     whatever the tier. A pod of another node is such a peer until the
+//     node agent has learned it (before its first sync, while it cannot
+//     reach the API server, or when the pod's namespace maps to no
+//     tenant), and again once the pod is gone.
 //     The node's own addresses are in the cluster whatever the CIDRs say
 //     (the Manager adds them when it configures the node): after the
 //     node's NAT, NodePort, LoadBalancer and host-network traffic carries
@@ -121,7 +127,8 @@
 // Pinned by name under PinDir (default /sys/fs/bpf/bulkhead): endpoints
 // (ifindex -> tenant, tier, flags, addresses, MAC, link-local and router
 // addresses), owner_v4/owner_v6 (hash: a single address, pods' link-local
-// ones included, -> owning tenant), tenant_v4/tenant_v6 (LPM: a wider
+// ones and other nodes' pods included, -> owning tenant; a pod of this
+// node wins over a remote pod of the same address), tenant_v4/tenant_v6 (LPM: a wider
 // remote range -> owning tenant; looked up after the owner hash, which
 // answers as a trie holding both would, since a host prefix is always the
 // longest match, for the price of a hash lookup instead of a walk down a

@@ -56,7 +56,11 @@ type ClusterConfig struct {
 	// SharedServices lists, per tier name, the CIDRs every pod of that tier
 	// may reach whatever its tenant: cluster DNS, the API server.
 	SharedServices map[string][]netip.Prefix
-	// RemoteTenants are address ranges of pods on other nodes, by tenant.
+	// RemoteTenants are address ranges of pods on other nodes, by tenant:
+	// static configuration. The remote pods the node agent learns from the
+	// API server are kept apart (Manager.SetRemote) and survive a new
+	// ClusterConfig; a single-address range replaces a remote pod of that
+	// address, and SetRemote then skips it.
 	RemoteTenants []TenantRange
 }
 
@@ -290,7 +294,7 @@ func (m *Manager) configure(c *ClusterConfig) error {
 		return err
 	}
 	for p, o := range have {
-		if _, ok := want[p]; !ok && o.Flags&flagRemote != 0 {
+		if _, ok := want[p]; !ok && o.Flags&flagRemote != 0 && o.Flags&flagRemotePod == 0 {
 			if err := d.deleteOwner(p); err != nil {
 				return err
 			}
