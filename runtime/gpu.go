@@ -2,13 +2,13 @@ package runtime
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
 	"github.com/bulkhead-runtime/bulkhead/mig/inject"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // AnnotationGPUPlacement is the OCI annotation the shim sets on every
@@ -23,7 +23,7 @@ const AnnotationGPUPlacement = "bulkhead.dev/gpu-placement"
 // mode, so a simulated node stays lenient to exercise gVisor's whole-GPU
 // fallback.
 func (p *Pipeline) allocatorOptions() []mig.Option {
-	if p.cfg.MIG.Backend == "nvml" {
+	if p.node.Config().MIG.Backend == "nvml" {
 		return []mig.Option{mig.WithStrictMIGMode()}
 	}
 	return nil
@@ -33,7 +33,7 @@ func (p *Pipeline) allocatorOptions() []mig.Option {
 // and injects the devices. The instance is recorded in the ledger before
 // anything refers to it, so that a failure later is undone by releasing
 // the reservation (which also removes the CDI spec).
-func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.Spec) error {
+func (p *Pipeline) setupGPU(ctx context.Context, res *node.Reservation, spec *specs.Spec) error {
 	if res.GPU == nil {
 		return nil
 	}
@@ -41,12 +41,12 @@ func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.S
 		return err
 	}
 	if !res.GPU.Whole() {
-		in, err := p.backend.Create(res.GPU.GPU, res.GPU.Profile, res.GPU.Start)
+		in, err := p.node.Backend().Create(res.GPU.GPU, res.GPU.Profile, res.GPU.Start)
 		if err != nil {
 			return fmt.Errorf("gpu %d: create %s at %d: %w", res.GPU.GPU, res.GPU.Profile, res.GPU.Start, err)
 		}
 		res.Instance = &in
-		if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
+		if err := p.node.Ledger().Update(func(tx *node.LedgerTx) error { return tx.Put(res) }); err != nil {
 			return err
 		}
 	}
@@ -61,9 +61,9 @@ func (p *Pipeline) setupGPU(ctx context.Context, res *Reservation, spec *specs.S
 // nodes and the device's own nodes and NVIDIA_VISIBLE_DEVICES. Device
 // nodes exist only where the NVIDIA driver is loaded; the mock backend has
 // none, and the container gets the id alone.
-func (p *Pipeline) gpuEdits(res *Reservation) (id string, common, device inject.Edits, err error) {
+func (p *Pipeline) gpuEdits(res *node.Reservation) (id string, common, device inject.Edits, err error) {
 	var info mig.GPUInfo
-	infos, err := p.backend.GPUs()
+	infos, err := p.node.Backend().GPUs()
 	if err != nil {
 		return "", common, device, err
 	}
@@ -100,7 +100,7 @@ func (p *Pipeline) gpuEdits(res *Reservation) (id string, common, device inject.
 // annotation and, where the driver is loaded, its device nodes and cgroup
 // rules. Every container of the pod gets it, the sandbox's at sandbox
 // create and each other at its own.
-func (p *Pipeline) InjectGPU(res *Reservation, spec *specs.Spec) error {
+func (p *Pipeline) InjectGPU(res *node.Reservation, spec *specs.Spec) error {
 	if res == nil || res.GPU == nil {
 		return nil
 	}
@@ -113,7 +113,7 @@ func (p *Pipeline) InjectGPU(res *Reservation, spec *specs.Spec) error {
 	}
 	spec.Annotations[AnnotationGPUPlacement] = res.GPU.String()
 	opts := []inject.SpecOpt{inject.WithVisibleDevices(id), inject.WithEdits(common.Merge(device))}
-	if p.cfg.MIG.CDISpecDir != "" {
+	if p.node.Config().MIG.CDISpecDir != "" {
 		opts = append(opts, inject.WithCDIDevices(inject.CDIName(inject.CDIKind, id)))
 	}
 	return inject.ApplySpecOpts(spec, opts...)
@@ -121,7 +121,7 @@ func (p *Pipeline) InjectGPU(res *Reservation, spec *specs.Spec) error {
 
 // procDevices is where the driver's character-device majors are listed.
 func (p *Pipeline) procDevices() string {
-	if p.cfg.MIG.Backend == "mock" {
+	if p.node.Config().MIG.Backend == "mock" {
 		return "" // the mock has no driver; never pick up a real one
 	}
 	return "/proc/devices"
@@ -129,8 +129,8 @@ func (p *Pipeline) procDevices() string {
 
 // writeCDISpec writes the CDI spec of the pod's GPU (kind bulkhead.dev/gpu,
 // device named by its UUID) in mig.cdi_spec_dir, one file per sandbox.
-func (p *Pipeline) writeCDISpec(res *Reservation) error {
-	if p.cfg.MIG.CDISpecDir == "" || res.GPU == nil {
+func (p *Pipeline) writeCDISpec(res *node.Reservation) error {
+	if p.node.Config().MIG.CDISpecDir == "" || res.GPU == nil {
 		return nil
 	}
 	id, common, device, err := p.gpuEdits(res)
@@ -141,56 +141,8 @@ func (p *Pipeline) writeCDISpec(res *Reservation) error {
 	if err != nil {
 		return fmt.Errorf("mig.cdi_spec_dir: %w", err)
 	}
-	if _, err := inject.WriteCDISpec(p.cfg.MIG.CDISpecDir, res.SandboxID, cs); err != nil {
+	if _, err := inject.WriteCDISpec(p.node.Config().MIG.CDISpecDir, res.SandboxID, cs); err != nil {
 		return fmt.Errorf("mig.cdi_spec_dir: %w", err)
 	}
 	return nil
-}
-
-// removeCDISpec removes sandbox id's CDI spec; removing none is no error.
-func (p *Pipeline) removeCDISpec(id string) error {
-	if p.cfg.MIG.CDISpecDir == "" {
-		return nil
-	}
-	if err := inject.RemoveCDISpec(p.cfg.MIG.CDISpecDir, inject.CDIKind, id); err != nil {
-		return fmt.Errorf("mig.cdi_spec_dir: %w", err)
-	}
-	return nil
-}
-
-// removeOrphanCDISpecs removes the CDI specs of sandboxes that hold no
-// reservation (a crash between writing the spec and releasing it). The
-// directory is listed before the ledger is read: a spec is written after
-// its reservation, so a pod being placed meanwhile is never taken for an
-// orphan.
-func (p *Pipeline) removeOrphanCDISpecs(rep *GCReport) error {
-	if p.cfg.MIG.CDISpecDir == "" {
-		return nil
-	}
-	owners, err := inject.CDISpecOwners(p.cfg.MIG.CDISpecDir, inject.CDIKind)
-	if err != nil || len(owners) == 0 {
-		return err
-	}
-	held := map[string]bool{}
-	if err := p.ledger.View(func(tx *LedgerTx) error {
-		all, err := tx.List()
-		for _, r := range all {
-			held[r.SandboxID] = true
-		}
-		return err
-	}); err != nil {
-		return err
-	}
-	var errs []error
-	for _, id := range owners {
-		if held[id] {
-			continue
-		}
-		if err := p.removeCDISpec(id); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		rep.CDISpecs = append(rep.CDISpecs, id)
-	}
-	return errors.Join(errs...)
 }

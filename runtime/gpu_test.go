@@ -14,6 +14,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/mig"
 	"github.com/bulkhead-runtime/bulkhead/mig/inject"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // A pod that holds a GPU or MIG slice has a CDI spec for it in
@@ -29,10 +30,9 @@ func TestGPUCDISpecLivesWithThePod(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := testPipeline(t)
-			p.runtime = tt.runtime
 			dir := t.TempDir()
-			p.cfg.MIG.CDISpecDir = dir
+			p := testPipelineWith(t, func(cfg *config.Config) { cfg.MIG.CDISpecDir = dir })
+			p.runtime = tt.runtime
 			sb, spec := sandboxSpec(tt.ns, "gpu", map[string]string{policy.AnnotationGPUProfile: tt.profile})
 			if tt.runtime == policy.RuntimeRunc {
 				sb.Handler = RuncHandler
@@ -77,7 +77,7 @@ func TestGPUCDISpecLivesWithThePod(t *testing.T) {
 			if ctr.Annotations[inject.CDIAnnotation] != name || !strings.Contains(strings.Join(ctr.Process.Env, " "), id) {
 				t.Errorf("container spec annotations %v env %v", ctr.Annotations, ctr.Process.Env)
 			}
-			if err := p.Release(context.Background(), sb.ID); err != nil {
+			if err := p.Node().Release(context.Background(), sb.ID); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := os.Stat(path); !os.IsNotExist(err) {
@@ -89,9 +89,8 @@ func TestGPUCDISpecLivesWithThePod(t *testing.T) {
 
 // GC removes the CDI specs no reservation holds and keeps the others.
 func TestGCRemovesOrphanCDISpecs(t *testing.T) {
-	p := testPipeline(t)
 	dir := t.TempDir()
-	p.cfg.MIG.CDISpecDir = dir
+	p := testPipelineWith(t, func(cfg *config.Config) { cfg.MIG.CDISpecDir = dir })
 	sb, spec := sandboxSpec("research", "live", map[string]string{policy.AnnotationGPUProfile: "whole"})
 	if _, err := place(t, p, sb, spec); err != nil {
 		t.Fatal(err)
@@ -105,14 +104,13 @@ func TestGCRemovesOrphanCDISpecs(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The live pod still has runsc state, as a running gVisor sandbox does.
-	if err := os.MkdirAll(filepath.Join(p.cfg.RunscRoot, "k8s.io"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(p.node.Config().RunscRoot, "k8s.io"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(p.cfg.RunscRoot, "k8s.io", "pause_sandbox:"+sb.ID+".state"), nil, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(p.node.Config().RunscRoot, "k8s.io", "pause_sandbox:"+sb.ID+".state"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	state := NewStateDir(p.cfg.StateDir)
-	rep, err := p.GC(context.Background(), state)
+	rep, err := p.Node().GC(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +135,7 @@ func TestAllocatorStrictOnRealGPUs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.backend, func(t *testing.T) {
-			ledger, err := OpenLedger(filepath.Join(t.TempDir(), "ledger.db"))
+			ledger, err := node.OpenLedger(filepath.Join(t.TempDir(), "ledger.db"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -145,8 +143,8 @@ func TestAllocatorStrictOnRealGPUs(t *testing.T) {
 			cfg.MIG.Backend = tt.backend
 			// No NVML is opened: the pipeline gets the GPUs as the backend
 			// would list them, all in MIG mode.
-			p := NewPipeline(cfg, Components{Ledger: ledger, GPUs: mig.NodeGPUs("h200", 1)})
-			err = ledger.View(func(tx *LedgerTx) error {
+			p := NewPipeline(node.New(cfg, node.Parts{Ledger: ledger, GPUs: mig.NodeGPUs("h200", 1)}), nil)
+			err = ledger.View(func(tx *node.LedgerTx) error {
 				alloc, err := p.allocator(tx)
 				if err != nil {
 					return err

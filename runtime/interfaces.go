@@ -11,6 +11,7 @@ import (
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // RuleUnfencedInterface refuses a fenced pod whose network namespace has an
@@ -72,7 +73,7 @@ func unfencedInterfaces(netnsPath string) ([]string, error) {
 // when its network namespace has an interface the fence would not cover.
 // CNI (Multus' delegates included) has made every interface the pod starts
 // with before containerd creates the sandbox, for runc and gVisor alike.
-func checkInterfaces(sb *Sandbox, res *Reservation) error {
+func checkInterfaces(sb *node.Sandbox, res *node.Reservation) error {
 	extra, err := unfencedInterfaces(sb.NetNS)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -138,7 +139,7 @@ func TestUnfencedInterfaces(t *testing.T) {
 				t.Errorf("unfencedInterfaces = %q, want %q", got, tt.want)
 			}
 			// The refusal names each interface and the rule.
-			err = checkInterfaces(&Sandbox{ID: "sb", Namespace: "agents", Name: "p", NetNS: path}, &Reservation{Tenant: "agents", Tier: "untrusted"})
+			err = checkInterfaces(&node.Sandbox{ID: "sb", Namespace: "agents", Name: "p", NetNS: path}, &node.Reservation{Tenant: "agents", Tier: "untrusted"})
 			var refused *RefusedError
 			switch {
 			case tt.want == nil && err != nil:

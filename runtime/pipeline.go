@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/containerd/log"
@@ -22,6 +21,8 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/internal/starttrace"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // Annotations containerd sets on the sandbox; the requests a pod author may
@@ -73,269 +74,118 @@ func (e *RefusedError) Error() string {
 	return fmt.Sprintf("bulkhead refused pod %s/%s (tenant %s): %s", e.Namespace, e.Pod, tenant, strings.Join(parts, "; "))
 }
 
-// Pipeline places one pod: policy → quota → GPU → sandbox and fence. Each
-// shim process builds its own; the node-wide state is the ledger, the MIG
-// backend's devices and the pinned eBPF maps.
+// Pipeline places one pod: policy → quota → GPU → sandbox and fence. The
+// node agent holds one for the node: the node (package runtime/node) holds
+// what outlives each pod, the pipeline only adds the policy it asks.
 type Pipeline struct {
-	cfg config.Config
+	node *node.Node
 	// runtime runs the sandboxes that do not name theirs (Sandbox.Runtime):
 	// policy.RuntimeGVisor or policy.RuntimeRunc. A decision for another
 	// runtime than the sandbox's is refused.
 	runtime string
 	decider policy.Decider
-	ledger  *Ledger
-	gpus    []mig.GPU
-	backend mig.Backend
-	fence   *netpol.Manager
 	failAt  string
 }
 
-// Components are the pipeline's collaborators; tests may pass their own.
-type Components struct {
-	Decider policy.Decider
-	Ledger  *Ledger
-	GPUs    []mig.GPU
-	Backend mig.Backend
-	Fence   *netpol.Manager
+// NewPipeline assembles a pipeline that places pods on n as d decides.
+func NewPipeline(n *node.Node, d policy.Decider) *Pipeline {
+	return &Pipeline{node: n, runtime: policy.RuntimeGVisor, decider: d, failAt: failAtFromEnv()}
 }
 
-// NewPipeline assembles a pipeline from its components.
-func NewPipeline(cfg config.Config, c Components) *Pipeline {
-	return &Pipeline{cfg: cfg, runtime: policy.RuntimeGVisor, decider: c.Decider, ledger: c.Ledger, gpus: c.GPUs, backend: c.Backend, fence: c.Fence, failAt: failAtFromEnv()}
-}
-
-// OpenPipeline opens every component named by the configuration, for a
-// shim that runs pods in runtime (policy.RuntimeGVisor or policy.RuntimeRunc).
+// OpenPipeline opens the node and the policy engine named by the
+// configuration, for pods that run in runtime (policy.RuntimeGVisor or
+// policy.RuntimeRunc) unless their record names another.
 func OpenPipeline(ctx context.Context, cfg config.Config, runtime string) (*Pipeline, error) {
 	if runtime != policy.RuntimeGVisor && runtime != policy.RuntimeRunc {
 		return nil, fmt.Errorf("pipeline: runtime %q is not %s or %s", runtime, policy.RuntimeGVisor, policy.RuntimeRunc)
 	}
-	c, err := OpenComponents(ctx, cfg, true)
+	n, eng, err := Open(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	p := NewPipeline(cfg, c)
+	p := NewPipeline(n, eng)
 	p.runtime = runtime
 	return p, nil
 }
 
+// Node is what the pipeline places pods on.
+func (p *Pipeline) Node() *node.Node { return p.node }
+
 // Decider is the policy the pipeline asks.
 func (p *Pipeline) Decider() policy.Decider { return p.decider }
 
-// Close closes the policy engine and the fence's handles; the fence's
+// Close closes the policy engine and the node's handles; the fence's
 // pinned maps and programs stay, and keep enforcing for running pods.
 func (p *Pipeline) Close() error {
 	var errs []error
 	if c, ok := p.decider.(interface{ Close() error }); ok {
 		errs = append(errs, c.Close())
 	}
-	if p.fence != nil {
-		errs = append(errs, p.fence.Close())
-	}
+	errs = append(errs, p.node.Close())
 	return errors.Join(errs...)
 }
 
-// PolicyCacheDir is the directory under the state directory where shims
-// keep the compiled plan of the verified policy bundle (policy.Options
-// PlanCacheDir); removing it only costs the next shim a compile.
+// PolicyCacheDir is the directory under the state directory where the
+// compiled plan of the verified policy bundle is kept (policy.Options
+// PlanCacheDir); removing it only costs the next open a compile.
 const PolicyCacheDir = "policy-cache"
 
-// OpenComponents opens the ledger, the MIG backend, the fence and (when
-// withPolicy) the policy engine named by cfg. The policy engine opens
-// while the others do: it is the slowest, and none of them needs it.
-func OpenComponents(ctx context.Context, cfg config.Config, withPolicy bool) (Components, error) {
-	var c Components
+// Open opens the node cfg names (node.Open: the ledger, the MIG backend,
+// the fence) and its policy engine. The engine opens while the node does:
+// it is the slowest, and the node does not need it.
+func Open(ctx context.Context, cfg config.Config) (*node.Node, *policy.Engine, error) {
+	opts := policy.Options{
+		BundlePath:               cfg.Policy.Bundle,
+		KeyID:                    cfg.Policy.KeyID,
+		Scope:                    cfg.Policy.Scope,
+		InsecureSkipVerification: cfg.Policy.InsecureSkipVerification,
+		DataPath:                 cfg.Policy.Data,
+		DecisionLogFile:          cfg.Policy.DecisionLog,
+		Evaluator:                cfg.Policy.Evaluator,
+		MaxBundleBytes:           cfg.Policy.MaxBundleBytes,
+		MaxBundleFiles:           cfg.Policy.MaxBundleFiles,
+		// A later open of the same bundle loads its verified plan instead
+		// of compiling it.
+		PlanCacheDir:     filepath.Join(cfg.StateDir, PolicyCacheDir),
+		PlanCacheKeyFile: cfg.PlanCacheKeyPath(),
+	}
+	if cfg.Policy.KeyFile != "" {
+		opts.Keys = map[string]string{cfg.Policy.KeyID: cfg.Policy.KeyFile}
+	}
 	type opened struct {
 		engine *policy.Engine
 		err    error
 		took   time.Duration
 	}
-	var policyOpened chan opened
-	if withPolicy {
-		opts := policy.Options{
-			BundlePath:               cfg.Policy.Bundle,
-			KeyID:                    cfg.Policy.KeyID,
-			Scope:                    cfg.Policy.Scope,
-			InsecureSkipVerification: cfg.Policy.InsecureSkipVerification,
-			DataPath:                 cfg.Policy.Data,
-			DecisionLogFile:          cfg.Policy.DecisionLog,
-			Evaluator:                cfg.Policy.Evaluator,
-			MaxBundleBytes:           cfg.Policy.MaxBundleBytes,
-			MaxBundleFiles:           cfg.Policy.MaxBundleFiles,
-			// Every shim opens the bundle for its one pod: the second and
-			// later load its verified plan instead of compiling it.
-			PlanCacheDir:     filepath.Join(cfg.StateDir, PolicyCacheDir),
-			PlanCacheKeyFile: cfg.PlanCacheKeyPath(),
-		}
-		if cfg.Policy.KeyFile != "" {
-			opts.Keys = map[string]string{cfg.Policy.KeyID: cfg.Policy.KeyFile}
-		}
-		policyOpened = make(chan opened, 1)
-		go func() {
-			t := time.Now()
-			eng, err := policy.Open(ctx, opts)
-			policyOpened <- opened{eng, err, time.Since(t)}
-		}()
-	}
-	err := openNodeComponents(ctx, cfg, &c)
-	if withPolicy {
-		t := time.Now()
-		o := <-policyOpened
-		traceDuration(ctx, "open.policy", o.took)
-		traceStage(ctx, "open.policy-wait", t)
-		switch {
-		case err != nil && o.err == nil:
-			o.engine.Close()
-		case err == nil && o.err != nil:
-			err = o.err // the engine names the bundle and the rule
-		case err == nil:
-			c.Decider = o.engine
-		}
-	}
-	return c, err
-}
-
-// openNodeComponents opens the ledger, the MIG backend and the fence into
-// c. The fence opens while the other two do: none needs another.
-func openNodeComponents(ctx context.Context, cfg config.Config, c *Components) error {
-	type opened struct {
-		fence *netpol.Manager
-		err   error
-	}
-	fenceOpened := make(chan opened, 1)
+	policyOpened := make(chan opened, 1)
 	go func() {
 		t := time.Now()
-		fence, err := openFence(ctx, cfg)
-		if fence != nil {
-			traceStage(ctx, "open.fence", t)
-		}
-		fenceOpened <- opened{fence, err}
+		eng, err := policy.Open(ctx, opts)
+		policyOpened <- opened{eng, err, time.Since(t)}
 	}()
-	err := openLedgerAndMIG(ctx, cfg, c)
-	f := <-fenceOpened
-	if err == nil {
-		err = f.err
-	}
-	if err != nil {
-		if f.fence != nil {
-			f.fence.Close()
-		}
-		return err
-	}
-	c.Fence = f.fence
-	return nil
-}
-
-// openLedgerAndMIG opens the ledger and the MIG backend into c.
-func openLedgerAndMIG(ctx context.Context, cfg config.Config, c *Components) error {
-	var err error
+	n, err := node.Open(ctx, cfg)
 	t := time.Now()
-	if c.Ledger, err = OpenLedger(cfg.LedgerPath); err != nil {
-		return err
+	o := <-policyOpened
+	starttrace.Took(ctx, "open.policy", o.took)
+	starttrace.Since(ctx, "open.policy-wait", t)
+	switch {
+	case err != nil && o.err == nil:
+		o.engine.Close()
+	case err == nil && o.err != nil:
+		n.Close()
+		err = o.err // the engine names the bundle and the rule
 	}
-	t = traceStage(ctx, "open.ledger", t)
-	// The backend's view of the GPUs keeps those not in MIG mode out of
-	// slicing; MIG mode is read, never toggled.
-	if c.Backend, c.GPUs, err = mig.OpenBackend(cfg.MIG.Backend, backendOptions(cfg, false)); err != nil {
-		return err
-	}
-	traceStage(ctx, "open.mig", t)
-	return nil
-}
-
-// openFence opens the fence cfg names; nil when netpol.enabled is false.
-func openFence(ctx context.Context, cfg config.Config) (*netpol.Manager, error) {
-	if !cfg.Netpol.Enabled {
-		return nil, nil
-	}
-	if err := netpol.MountBPFFS(filepath.Dir(cfg.Netpol.PinDir)); err != nil {
-		return nil, fmt.Errorf("netpol: %w", err)
-	}
-	nopts := netpol.Options{PinDir: cfg.Netpol.PinDir, LockPath: cfg.Netpol.LockPath}
-	if len(cfg.Netpol.ClusterCIDRs) > 0 || len(cfg.Netpol.SharedServices) > 0 {
-		cluster, shared, err := cfg.Netpol.ClusterPrefixes()
-		if err != nil {
-			return nil, err
-		}
-		nopts.Cluster = &netpol.ClusterConfig{ClusterCIDRs: cluster, SharedServices: shared}
-	}
-	fence, err := netpol.Open(ctx, nopts)
 	if err != nil {
-		return nil, fmt.Errorf("netpol: %w", err)
+		return nil, nil, err
 	}
-	return fence, nil
-}
-
-// startTrace times the stages of one sandbox's start in its shim (opening
-// the pipeline, the GC pass, each step of Place), for the one log line the
-// shim writes per pod: where a slow start went, without a profiler.
-type startTrace struct {
-	// mu guards stages: steps that run at the same time record into one trace.
-	mu     sync.Mutex
-	stages []stageTime
-}
-
-type stageTime struct {
-	name string
-	d    time.Duration
-}
-
-type startTraceKey struct{}
-
-// withStartTrace returns ctx carrying a new trace.
-func withStartTrace(ctx context.Context) (context.Context, *startTrace) {
-	t := &startTrace{}
-	return context.WithValue(ctx, startTraceKey{}, t), t
-}
-
-// traceStage records that stage name of ctx's trace took from since until
-// now, and returns now; without a trace in ctx it only returns now.
-func traceStage(ctx context.Context, name string, since time.Time) time.Time {
-	now := time.Now()
-	traceDuration(ctx, name, now.Sub(since))
-	return now
-}
-
-// traceDuration records that stage name of ctx's trace took d (a stage
-// timed on another goroutine).
-func traceDuration(ctx context.Context, name string, d time.Duration) {
-	if t, ok := ctx.Value(startTraceKey{}).(*startTrace); ok {
-		t.mu.Lock()
-		t.stages = append(t.stages, stageTime{name: name, d: d})
-		t.mu.Unlock()
-	}
+	return n, o.engine, nil
 }
 
 // Stage is how long one stage of a sandbox's create took.
-type Stage struct {
-	Name string
-	Took time.Duration
-}
-
-// Stages lists the trace's stages in the order they were recorded.
-func (t *startTrace) Stages() []Stage {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := make([]Stage, len(t.stages))
-	for i, s := range t.stages {
-		out[i] = Stage{Name: s.name, Took: s.d}
-	}
-	return out
-}
-
-// String lists the stages in order as name=duration, in milliseconds.
-func (t *startTrace) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	parts := make([]string, 0, len(t.stages))
-	for _, s := range t.stages {
-		parts = append(parts, fmt.Sprintf("%s=%.1fms", s.name, float64(s.d.Microseconds())/1000))
-	}
-	return strings.Join(parts, " ")
-}
+type Stage = starttrace.Stage
 
 // Input builds the policy input for a sandbox.
-func (p *Pipeline) Input(sb *Sandbox, spec *specs.Spec) (policy.Input, error) {
+func (p *Pipeline) Input(sb *node.Sandbox, spec *specs.Spec) (policy.Input, error) {
 	in := policy.Input{
 		Version:   policy.ContractVersion,
 		Kind:      policy.KindSandbox,
@@ -351,7 +201,7 @@ func (p *Pipeline) Input(sb *Sandbox, spec *specs.Spec) (policy.Input, error) {
 	if spec.Linux != nil && len(spec.Linux.Sysctl) > 0 {
 		in.Pod.Sysctls = spec.Linux.Sysctl
 	}
-	if c, _ := containerOf(sandboxContainerName, spec, podFilesOf(p.cfg, sb, ""), nil); asksHost(c) {
+	if c, _ := containerOf(sandboxContainerName, spec, podFilesOf(p.node.Config(), sb, ""), nil); asksHost(c) {
 		in.Pod.Containers = []policy.Container{c}
 	}
 	if v := spec.Annotations[AnnotationSandboxMemory]; v != "" {
@@ -386,7 +236,7 @@ const sandboxContainerName = "sandbox"
 // admitted sandbox sb: the pod's identity and host namespaces and what this
 // container asks of the host. Quotas and GPUs were settled at sandbox
 // create, so request and usage stay empty.
-func (p *Pipeline) ContainerInput(sb *Sandbox, a *Admission, id string, spec *specs.Spec) policy.Input {
+func (p *Pipeline) ContainerInput(sb *node.Sandbox, a *Admission, id string, spec *specs.Spec) policy.Input {
 	name := containerName(id, spec)
 	in := policy.Input{
 		Version:   policy.ContractVersion,
@@ -404,7 +254,7 @@ func (p *Pipeline) ContainerInput(sb *Sandbox, a *Admission, id string, spec *sp
 		in.Pod.Sysctls = spec.Linux.Sysctl
 	}
 	granted := p.RDMAGrant(a, sb).Devices
-	c, volumes := containerOf(name, spec, podFilesOf(p.cfg, sb, id), granted)
+	c, volumes := containerOf(name, spec, podFilesOf(p.node.Config(), sb, id), granted)
 	in.Pod.Containers, in.Pod.Volumes = []policy.Container{c}, volumes
 	return in
 }
@@ -418,7 +268,7 @@ func (p *Pipeline) ContainerInput(sb *Sandbox, a *Admission, id string, spec *sp
 // would carry the new container's traffic past the fence. A gVisor sandbox
 // took its interfaces once, when it started, so one added later carries
 // nothing of it.
-func (p *Pipeline) AdmitContainer(ctx context.Context, sb *Sandbox, a *Admission, id string, spec *specs.Spec) error {
+func (p *Pipeline) AdmitContainer(ctx context.Context, sb *node.Sandbox, a *Admission, id string, spec *specs.Spec) error {
 	d, err := p.decider.Decide(ctx, p.ContainerInput(sb, a, id, spec))
 	if err != nil || !d.Allow {
 		return refusal(sb, d, err)
@@ -456,8 +306,8 @@ func nodeInput(alloc *mig.Allocator, gpus []mig.GPU) *policy.Node {
 // reserve decides with the tenant's usage and reserves: policy, quota and
 // GPU placement happen in one ledger transaction, so concurrent pods of a
 // tenant cannot overrun its quota or double-book a slice.
-func (p *Pipeline) reserve(ctx context.Context, sb *Sandbox, in policy.Input, a *Admission) error {
-	return p.ledger.Update(func(tx *LedgerTx) error {
+func (p *Pipeline) reserve(ctx context.Context, sb *node.Sandbox, in policy.Input, a *Admission) error {
+	return p.node.Ledger().Update(func(tx *node.LedgerTx) error {
 		if old, err := tx.Get(sb.ID); err != nil {
 			return err
 		} else if old != nil {
@@ -467,7 +317,7 @@ func (p *Pipeline) reserve(ctx context.Context, sb *Sandbox, in policy.Input, a 
 		if err != nil {
 			return err
 		}
-		in.Node = nodeInput(alloc, p.gpus)
+		in.Node = nodeInput(alloc, p.node.GPUs())
 		// Identity first: the tenant comes from the namespace, whatever the
 		// usage; then the tenant's usage decides the quotas.
 		d, err := p.decider.Decide(ctx, in)
@@ -488,8 +338,8 @@ func (p *Pipeline) reserve(ctx context.Context, sb *Sandbox, in policy.Input, a 
 				Message: fmt.Sprintf("handler %q runs %s here, but the policy chose runtime %q for it (data.bulkhead.handlers)", sb.Handler, p.runtimeOf(sb), d.Runtime),
 			}}}
 		}
-		res := &Reservation{
-			SandboxID: sb.ID, State: StateReserved, Tenant: d.Tenant, Tier: d.Tier,
+		res := &node.Reservation{
+			SandboxID: sb.ID, State: node.StateReserved, Tenant: d.Tenant, Tier: d.Tier,
 			Namespace: sb.Namespace, Pod: sb.Name, MemoryBytes: in.Request.MemoryBytes,
 			ShimPID: sb.ShimPID, CreatedAt: sb.CreatedAt,
 		}
@@ -512,7 +362,7 @@ func (p *Pipeline) reserve(ctx context.Context, sb *Sandbox, in policy.Input, a 
 }
 
 // runtimeOf is the runtime sandbox sb runs in.
-func (p *Pipeline) runtimeOf(sb *Sandbox) string {
+func (p *Pipeline) runtimeOf(sb *node.Sandbox) string {
 	if sb.Runtime != "" {
 		return sb.Runtime
 	}
@@ -520,22 +370,22 @@ func (p *Pipeline) runtimeOf(sb *Sandbox) string {
 }
 
 // allocator rebuilds the node's GPU allocator from the ledger; nil without GPUs.
-func (p *Pipeline) allocator(tx *LedgerTx) (*mig.Allocator, error) {
-	if len(p.gpus) == 0 {
+func (p *Pipeline) allocator(tx *node.LedgerTx) (*mig.Allocator, error) {
+	if len(p.node.GPUs()) == 0 {
 		return nil, nil
 	}
 	placements, err := tx.Placements()
 	if err != nil {
 		return nil, err
 	}
-	alloc, err := mig.NewAllocator(p.gpus, placements, p.allocatorOptions()...)
+	alloc, err := mig.NewAllocator(p.node.GPUs(), placements, p.allocatorOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("ledger and GPU geometry disagree: %w", err)
 	}
 	return alloc, nil
 }
 
-func refusal(sb *Sandbox, d policy.Decision, err error) error {
+func refusal(sb *node.Sandbox, d policy.Decision, err error) error {
 	reasons := d.Reasons
 	if err != nil && len(reasons) == 0 {
 		reasons = []policy.Reason{{Rule: "engine.error", Message: err.Error()}}
@@ -544,7 +394,7 @@ func refusal(sb *Sandbox, d policy.Decision, err error) error {
 }
 
 // placeGPU picks a slice (or a whole GPU) as the decision allows.
-func (p *Pipeline) placeGPU(sb *Sandbox, d policy.Decision, req *policy.GPURequest, alloc *mig.Allocator) (mig.Placement, error) {
+func (p *Pipeline) placeGPU(sb *node.Sandbox, d policy.Decision, req *policy.GPURequest, alloc *mig.Allocator) (mig.Placement, error) {
 	refuse := func(rule, msg string) error {
 		return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Tenant: d.Tenant, Reasons: []policy.Reason{{Rule: rule, Message: msg}}}
 	}
@@ -589,23 +439,23 @@ func (p *Pipeline) placeGPU(sb *Sandbox, d policy.Decision, req *policy.GPUReque
 
 // RDMAGrant is the RDMA device fence for the pod's containers: nothing
 // unless the policy grants RDMA on the tenant's own VF and the pod asked.
-func (p *Pipeline) RDMAGrant(a *Admission, sb *Sandbox) rdma.Grant {
+func (p *Pipeline) RDMAGrant(a *Admission, sb *node.Sandbox) rdma.Grant {
 	if a == nil || a.Decision.RDMA != policy.RDMAOwnVF || sb.Annotations[policy.AnnotationRDMA] != "true" {
 		return rdma.Grant{}
 	}
-	return rdma.Grant{Allowed: true, Devices: p.cfg.RDMA.TenantVFs[a.Decision.Tenant]}
+	return rdma.Grant{Allowed: true, Devices: p.node.Config().RDMA.TenantVFs[a.Decision.Tenant]}
 }
 
 // fencePod registers the running sandbox's host veth in the fence, as the
 // decision configures it. The entry is recorded in the ledger before it is
 // made, so a crash in between leaves a reservation that GC can release.
-func (p *Pipeline) fencePod(ctx context.Context, sb *Sandbox, a *Admission) error {
+func (p *Pipeline) fencePod(ctx context.Context, sb *node.Sandbox, a *Admission) error {
 	if err := p.fail(StepFence); err != nil {
 		return err
 	}
 	res, d := a.Reservation, a.Decision
 	switch {
-	case p.fence == nil:
+	case p.node.Fence() == nil:
 		log.G(ctx).Warnf("sandbox %s: NOT FENCED: netpol.enabled = false on this node, so nothing stops its traffic to other tenants, the metadata service or outside its egress allow-list", sb.ID)
 		return nil
 	case sb.NetNS == "":
@@ -627,7 +477,7 @@ func (p *Pipeline) fencePod(ctx context.Context, sb *Sandbox, a *Admission) erro
 	if err := checkInterfaces(sb, res); err != nil {
 		return err
 	}
-	t = traceStage(ctx, "fence.netns", t)
+	t = starttrace.Since(ctx, "fence.netns", t)
 	ep.IPv4, ep.IPv6 = v4, v6
 	ep.AllowRDMA = d.RDMA == policy.RDMAOwnVF
 	ep.DenyMetadata = d.Network.DenyMetadata
@@ -650,20 +500,20 @@ func (p *Pipeline) fencePod(ctx context.Context, sb *Sandbox, a *Admission) erro
 			ep.EgressCIDRs = append(ep.EgressCIDRs, pfx)
 		}
 	}
-	res.Endpoint = &FenceRecord{Ifindex: ifindex, Ifname: ifname}
+	res.Endpoint = &node.FenceRecord{Ifindex: ifindex, Ifname: ifname}
 	for _, a := range []netip.Addr{v4, v6} {
 		if a.IsValid() {
 			res.Endpoint.IPs = append(res.Endpoint.IPs, a.String())
 		}
 	}
-	if err := p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
+	if err := p.node.Ledger().Update(func(tx *node.LedgerTx) error { return tx.Put(res) }); err != nil {
 		return err
 	}
-	t = traceStage(ctx, "fence.ledger", t)
-	if err := p.fence.Register(ctx, ep); err != nil {
+	t = starttrace.Since(ctx, "fence.ledger", t)
+	if err := p.node.Fence().Register(ctx, ep); err != nil {
 		return fmt.Errorf("sandbox %s: fence: %w", sb.ID, err)
 	}
-	traceStage(ctx, "fence.register", t)
+	starttrace.Since(ctx, "fence.register", t)
 	return nil
 }
 
@@ -672,41 +522,8 @@ func (p *Pipeline) activate(a *Admission) error {
 	if err := p.fail(StepActive); err != nil {
 		return err
 	}
-	a.Reservation.State = StateActive
-	return p.ledger.Update(func(tx *LedgerTx) error { return tx.Put(a.Reservation) })
-}
-
-// Release undoes everything the ledger says sandbox id holds, in reverse:
-// fence entry, MIG instance, CDI spec, reservation. Releasing twice is
-// harmless.
-func (p *Pipeline) Release(ctx context.Context, id string) error {
-	var res *Reservation
-	if err := p.ledger.View(func(tx *LedgerTx) error {
-		var err error
-		res, err = tx.Get(id)
-		return err
-	}); err != nil {
-		return err
-	}
-	var errs []error
-	if p.fence != nil {
-		if err := p.fence.Unregister(ctx, id); err != nil {
-			errs = append(errs, fmt.Errorf("fence: %w", err))
-		}
-	}
-	if res != nil && res.Instance != nil && p.backend != nil {
-		if err := p.backend.Destroy(res.Instance.GPU, res.Instance.GI, res.Instance.CI); err != nil {
-			errs = append(errs, fmt.Errorf("gpu %d gi %d: %w", res.Instance.GPU, res.Instance.GI, err))
-		}
-	}
-	if err := p.removeCDISpec(id); err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
-		// Keep the reservation so a later GC pass retries.
-		return fmt.Errorf("sandbox %s: release: %w", id, errors.Join(errs...))
-	}
-	return p.ledger.Update(func(tx *LedgerTx) error { return tx.Delete(id) })
+	a.Reservation.State = node.StateActive
+	return p.node.Ledger().Update(func(tx *node.LedgerTx) error { return tx.Put(a.Reservation) })
 }
 
 // podAddrs reads the pod's addresses on its eth0 through a netlink socket

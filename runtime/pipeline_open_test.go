@@ -9,7 +9,8 @@ import (
 	"testing"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
-	"github.com/bulkhead-runtime/bulkhead/test/node"
+	"github.com/bulkhead-runtime/bulkhead/runtime/internal/starttrace"
+	testnode "github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
 // TestShimsSharePolicyPlanCache: the first shim to open a signed bundle
@@ -20,7 +21,7 @@ func TestShimsSharePolicyPlanCache(t *testing.T) {
 	dir := t.TempDir()
 	// Signed with the real opa, as deploy/ signs (skips without it); the
 	// tenants come from the unsigned data file, as on a node.
-	tarball, pubKey, err := node.SignBundle(dir, "../rego", `{"bulkhead": {"tenants": {}}}`, node.BinDirs())
+	tarball, pubKey, err := testnode.SignBundle(dir, "../rego", `{"bulkhead": {"tenants": {}}}`, testnode.BinDirs())
 	if err != nil {
 		t.Skip(err)
 	}
@@ -32,7 +33,7 @@ func TestShimsSharePolicyPlanCache(t *testing.T) {
 	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
 	cfg.Netpol.Enabled = false // the fence needs root; test/e2e opens it
-	cfg.Policy = config.PolicyConfig{Bundle: tarball, KeyFile: pubKey, KeyID: node.BundleKeyID, Scope: node.BundleScope, Data: tenants}
+	cfg.Policy = config.PolicyConfig{Bundle: tarball, KeyFile: pubKey, KeyID: testnode.BundleKeyID, Scope: testnode.BundleScope, Data: tenants}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +42,8 @@ func TestShimsSharePolicyPlanCache(t *testing.T) {
 	var first policy.Decision
 	var entry os.FileInfo
 	for shim := range 2 {
-		ctx, trace := withStartTrace(context.Background())
-		c, err := OpenComponents(ctx, cfg, true)
+		ctx, trace := starttrace.New(context.Background())
+		_, eng, err := Open(ctx, cfg)
 		if err != nil {
 			t.Fatalf("shim %d: %v", shim, err)
 		}
@@ -60,13 +61,13 @@ func TestShimsSharePolicyPlanCache(t *testing.T) {
 			t.Fatalf("shim %d rewrote the entry instead of reading it", shim)
 		}
 		var names []string
-		for _, s := range trace.stages {
-			names = append(names, s.name)
+		for _, s := range trace.Stages() {
+			names = append(names, s.Name)
 		}
 		if got := strings.Join(names, " "); got != "open.ledger open.mig open.policy open.policy-wait" {
 			t.Fatalf("shim %d: trace stages %q", shim, got)
 		}
-		d, err := c.Decider.Decide(context.Background(), in)
+		d, err := eng.Decide(context.Background(), in)
 		if err != nil || !d.Allow || d.Tenant != "research" {
 			t.Fatalf("shim %d: decision %+v (%v), want research allowed", shim, d, err)
 		}

@@ -18,6 +18,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 const testTenants = `{"bulkhead": {"tenants": {
@@ -30,7 +31,17 @@ const testTenants = `{"bulkhead": {"tenants": {
 // and a mock H200 node, without the fence (no root needed).
 func testPipeline(t *testing.T) *Pipeline {
 	t.Helper()
-	p, err := OpenPipeline(context.Background(), testConfig(t), policy.RuntimeGVisor)
+	return testPipelineWith(t, nil)
+}
+
+// testPipelineWith is testPipeline on testConfig as edit changes it.
+func testPipelineWith(t *testing.T, edit func(*config.Config)) *Pipeline {
+	t.Helper()
+	cfg := testConfig(t)
+	if edit != nil {
+		edit(&cfg)
+	}
+	p, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +75,7 @@ func testConfig(t testing.TB) config.Config {
 	return cfg
 }
 
-func sandboxSpec(ns, name string, ann map[string]string) (*Sandbox, *specs.Spec) {
+func sandboxSpec(ns, name string, ann map[string]string) (*node.Sandbox, *specs.Spec) {
 	spec := &specs.Spec{Annotations: map[string]string{
 		cri.AnnotationContainerType: "sandbox", cri.AnnotationSandboxNamespace: ns, cri.AnnotationSandboxName: name,
 	}, Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
@@ -81,7 +92,7 @@ func sandboxSpec(ns, name string, ann map[string]string) (*Sandbox, *specs.Spec)
 
 // place runs Pipeline.Place for sb with a task service that creates and
 // deletes nothing, in a bundle directory of its own.
-func place(t *testing.T, p *Pipeline, sb *Sandbox, spec *specs.Spec) (*Admission, error) {
+func place(t *testing.T, p *Pipeline, sb *node.Sandbox, spec *specs.Spec) (*Admission, error) {
 	t.Helper()
 	sb.Bundle = t.TempDir()
 	return p.Place(context.Background(), sb, spec, SandboxTask{
@@ -97,18 +108,18 @@ func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 		ns, name string
 		ann      map[string]string
 		wantErr  []string // substrings of the refusal; nil means admitted
-		check    func(t *testing.T, r *Reservation, spec *specs.Spec)
+		check    func(t *testing.T, r *node.Reservation, spec *specs.Spec)
 	}{
 		{ns: "nowhere", name: "x", wantErr: []string{"nowhere/x", "tenant.unknown_namespace"}},
 		{ns: "agents", name: "bad", ann: map[string]string{policy.AnnotationGPUCount: "two", policy.AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{policy.AnnotationGPUCount, "integer from 1 to 64"}},
 		{ns: "agents", name: "mig", ann: map[string]string{policy.AnnotationGPUProfile: "1g.18gb"}, wantErr: []string{"tenant agents", "gpu.mig_in_gvisor", "nvidia-caps"}},
 		{ns: "agents", name: "whole", ann: map[string]string{policy.AnnotationGPUProfile: "whole"}, wantErr: []string{"tenant agents"}},
-		{ns: "agents", name: "a1", check: func(t *testing.T, r *Reservation, _ *specs.Spec) {
-			if r.Tenant != "agents" || r.Tier != "untrusted" || r.State != StateActive || r.GPU != nil {
+		{ns: "agents", name: "a1", check: func(t *testing.T, r *node.Reservation, _ *specs.Spec) {
+			if r.Tenant != "agents" || r.Tier != "untrusted" || r.State != node.StateActive || r.GPU != nil {
 				t.Errorf("reservation %+v", r)
 			}
 		}},
-		{ns: "research", name: "r1", ann: map[string]string{policy.AnnotationGPUProfile: "3g.71gb"}, check: func(t *testing.T, r *Reservation, spec *specs.Spec) {
+		{ns: "research", name: "r1", ann: map[string]string{policy.AnnotationGPUProfile: "3g.71gb"}, check: func(t *testing.T, r *node.Reservation, spec *specs.Spec) {
 			if r.GPU == nil || !r.GPU.Whole() || r.GPUSlices() != 7 {
 				t.Errorf("standard tier MIG request in gVisor: placement %+v, want the whole-GPU fallback", r.GPU)
 			}
@@ -138,7 +149,7 @@ func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 					}
 				}
 				// Nothing is reserved for a refused pod.
-				_ = p.ledger.View(func(tx *LedgerTx) error {
+				_ = p.node.Ledger().View(func(tx *node.LedgerTx) error {
 					if got, _ := tx.Get(sb.ID); got != nil {
 						t.Errorf("refused pod left reservation %+v", got)
 					}
@@ -156,11 +167,11 @@ func TestAdmitDecidesReservesAndReleases(t *testing.T) {
 	}
 	// Release gives everything back; releasing twice is harmless.
 	for _, id := range []string{"agents-a1", "agents-a2", "research-r1", "research-r1"} {
-		if err := p.Release(ctx, id); err != nil {
+		if err := p.Node().Release(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_ = p.ledger.View(func(tx *LedgerTx) error {
+	_ = p.node.Ledger().View(func(tx *node.LedgerTx) error {
 		all, _ := tx.List()
 		if len(all) != 0 {
 			t.Errorf("ledger after release: %d reservations", len(all))
@@ -187,21 +198,22 @@ func TestAdmitInjectedFailuresUnwind(t *testing.T) {
 		if created != deleted {
 			t.Errorf("step %s: sandbox created %d times, deleted %d", step, created, deleted)
 		}
-		_ = p.ledger.View(func(tx *LedgerTx) error {
+		_ = p.node.Ledger().View(func(tx *node.LedgerTx) error {
 			if all, _ := tx.List(); len(all) != 0 {
 				t.Errorf("step %s left %d reservations", step, len(all))
 			}
 			return nil
 		})
-		if insts, _ := p.backend.Instances(); len(insts) != 0 {
+		if insts, _ := p.node.Backend().Instances(); len(insts) != 0 {
 			t.Errorf("step %s left MIG instances %+v", step, insts)
 		}
 	}
 }
 
 func TestRDMAGrantFollowsPolicyAndRequest(t *testing.T) {
-	p := testPipeline(t)
-	p.cfg.RDMA.TenantVFs = map[string][]string{"research": {"/dev/infiniband/uverbs3"}}
+	p := testPipelineWith(t, func(cfg *config.Config) {
+		cfg.RDMA.TenantVFs = map[string][]string{"research": {"/dev/infiniband/uverbs3"}}
+	})
 	for _, tt := range []struct {
 		ns, name, rdma string
 		want           bool

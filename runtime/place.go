@@ -11,6 +11,8 @@ import (
 
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/internal/starttrace"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // Admission is what Place admitted for a pod: the decision it was admitted
@@ -18,7 +20,7 @@ import (
 // containers (their RDMA grant, their GPU).
 type Admission struct {
 	Decision    policy.Decision
-	Reservation *Reservation
+	Reservation *node.Reservation
 	// Input is the sandbox's policy input as decided, without usage and
 	// node: an update that grows the pod's memory is judged as this pod
 	// admitted again at its new size.
@@ -54,7 +56,7 @@ type step struct {
 // before its fence is in place. On error every step taken (of a pair, each
 // one that succeeded) is undone in reverse and nothing of the pod is left
 // (but its state record, which the caller owns).
-func (p *Pipeline) Place(ctx context.Context, sb *Sandbox, spec *specs.Spec, task SandboxTask) (_ *Admission, retErr error) {
+func (p *Pipeline) Place(ctx context.Context, sb *node.Sandbox, spec *specs.Spec, task SandboxTask) (_ *Admission, retErr error) {
 	read, err := encodeSpec(spec)
 	if err != nil {
 		return nil, err
@@ -72,7 +74,7 @@ func (p *Pipeline) Place(ctx context.Context, sb *Sandbox, spec *specs.Spec, tas
 	reserve := step{name: StepReserve, do: func(ctx context.Context) error {
 		return p.reserve(ctx, sb, in, a)
 	}, undo: func(ctx context.Context) error {
-		return p.Release(ctx, sb.ID)
+		return p.node.Release(ctx, sb.ID)
 	}}
 	gpu := step{name: StepGPU, do: func(ctx context.Context) error {
 		return p.setupGPU(ctx, a.Reservation, spec)
@@ -142,7 +144,7 @@ func runStage(ctx context.Context, stage []step) (ok []step, err error) {
 	run := func(i int) {
 		t := time.Now()
 		errs[i] = stage[i].do(ctx)
-		traceStage(ctx, stage[i].name, t)
+		starttrace.Since(ctx, stage[i].name, t)
 	}
 	var wg sync.WaitGroup
 	for i := 1; i < len(stage); i++ {

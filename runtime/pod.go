@@ -17,8 +17,11 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/bulkhead-runtime/bulkhead/internal/atomicfile"
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/internal/starttrace"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // RequestAnnotationPrefix marks pod annotations that are requests to
@@ -45,7 +48,7 @@ type PodOptions struct {
 	// CheckSandbox, if set, runs on the sandbox's create once its record is
 	// written and before the policy is asked: an error refuses the pod and
 	// leaves nothing of it behind.
-	CheckSandbox func(sb *Sandbox) error
+	CheckSandbox func(sb *node.Sandbox) error
 	// Pipeline places the pod: the node agent's, shared by every pod of
 	// the node. nil runs pods unjudged (pipeline.enabled = false, a
 	// benchmark baseline).
@@ -63,7 +66,7 @@ type PodOptions struct {
 // the unwinding of a failed placement call back.
 type Pod struct {
 	cfg   config.Config
-	state *StateDir
+	state *node.StateDir
 	// runtime is the runtime this shim runs (policy.RuntimeGVisor or
 	// policy.RuntimeRunc); the policy's decision must name the same one.
 	runtime string
@@ -73,7 +76,7 @@ type Pod struct {
 	// sandbox whose create failed after the task service made it).
 	deleteTask func(ctx context.Context, id string) error
 	// checkSandbox is PodOptions.CheckSandbox.
-	checkSandbox func(sb *Sandbox) error
+	checkSandbox func(sb *node.Sandbox) error
 	// pipeline places the pod; nil while the pipeline is disabled.
 	pipeline *Pipeline
 	// observe is PodOptions.Observe.
@@ -83,7 +86,7 @@ type Pod struct {
 	// creates a container.
 	mu sync.Mutex
 	// sandbox is the pod's record, nil until the sandbox container is created.
-	sandbox *Sandbox
+	sandbox *node.Sandbox
 	// admission is what the pipeline admitted for the pod.
 	admission *Admission
 }
@@ -105,7 +108,7 @@ func NewPod(opts PodOptions) (*Pod, error) {
 	}
 	return &Pod{
 		cfg:          opts.Config,
-		state:        NewStateDir(opts.Config.StateDir),
+		state:        node.NewStateDir(opts.Config.StateDir),
 		runtime:      opts.Runtime,
 		shimPID:      shimPID,
 		deleteTask:   opts.DeleteTask,
@@ -128,21 +131,21 @@ func ResumePod(opts PodOptions, id string) (*Pod, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}
-	if sb.Phase != PhaseCreated {
+	if sb.Phase != node.PhaseCreated {
 		return nil, fmt.Errorf("sandbox %s: resume: its create never finished (phase %s)", id, sb.Phase)
 	}
 	if sb.Runtime != "" && sb.Runtime != opts.Runtime {
 		return nil, fmt.Errorf("sandbox %s: resume: admitted for runtime %s, called by a %s shim", id, sb.Runtime, opts.Runtime)
 	}
 	if sb.Limits == nil {
-		sb.Limits = map[string]ContainerLimits{}
+		sb.Limits = map[string]node.ContainerLimits{}
 	}
 	p.sandbox = sb
 	if p.pipeline == nil {
 		return p, nil
 	}
-	var res *Reservation
-	if err := p.pipeline.ledger.View(func(tx *LedgerTx) error {
+	var res *node.Reservation
+	if err := p.pipeline.node.Ledger().View(func(tx *node.LedgerTx) error {
 		res, err = tx.Get(id)
 		return err
 	}); err != nil {
@@ -243,8 +246,8 @@ func (p *Pod) createContainer(ctx context.Context, id, bundle string, spec *spec
 
 // containerLimits is what the pod's record keeps of container id's
 // resources, from its OCI spec.
-func containerLimits(id string, spec *specs.Spec) ContainerLimits {
-	return ContainerLimits{Name: containerName(id, spec), MemoryBytes: memoryLimit(spec)}
+func containerLimits(id string, spec *specs.Spec) node.ContainerLimits {
+	return node.ContainerLimits{Name: containerName(id, spec), MemoryBytes: memoryLimit(spec)}
 }
 
 // containerName is container id's name in its pod, as containerd's CRI
@@ -268,13 +271,13 @@ func (p *Pod) saveRecord(ctx context.Context) {
 // failure unwinds every step already taken, in reverse; the record goes last.
 func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.Spec, next func() error) (retErr error) {
 	began := time.Now()
-	ctx, trace := withStartTrace(ctx)
+	ctx, trace := starttrace.New(ctx)
 	sb := SandboxFromSpec(id, bundle, spec)
 	if spec.Annotations[cri.AnnotationRuntimeHandler] == "" && p.runtime == policy.RuntimeRunc {
 		sb.Handler = RuncHandler
 	}
 	sb.ShimPID, sb.Runtime = p.shimPID, p.runtime
-	sb.Limits = map[string]ContainerLimits{id: containerLimits(id, spec)}
+	sb.Limits = map[string]node.ContainerLimits{id: containerLimits(id, spec)}
 	// The record exists before anything else does, so GC can find a crash.
 	if err := p.state.Save(sb); err != nil {
 		return err
@@ -315,7 +318,7 @@ func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 		sb.Tenant = a.Reservation.Tenant
 		sb.Decision, sb.Input = &a.Decision, &a.Input
 	}
-	sb.Phase = PhaseCreated
+	sb.Phase = node.PhaseCreated
 	p.saveRecord(ctx)
 	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s runtime %s tenant %q: created in %v (%s)", sb.ID, sb.Namespace, sb.Name, sb.Handler, p.runtime, sb.Tenant,
 		time.Since(began).Round(time.Millisecond), trace)
@@ -333,7 +336,7 @@ func (p *Pod) Deleted(ctx context.Context, id string) {
 	}
 	if id == p.sandbox.ID {
 		if p.pipeline != nil {
-			if rerr := p.pipeline.Release(ctx, p.sandbox.ID); rerr != nil {
+			if rerr := p.pipeline.node.Release(ctx, p.sandbox.ID); rerr != nil {
 				// The record stays for GC to retry.
 				log.G(ctx).WithError(rerr).Warnf("sandbox %s: release", p.sandbox.ID)
 				return
@@ -353,16 +356,16 @@ func (p *Pod) Deleted(ctx context.Context, id string) {
 // SandboxFromSpec builds the record of a sandbox from its OCI spec: the
 // pod's identity comes from the CRI annotations containerd sets, never from
 // the pod's own annotations.
-func SandboxFromSpec(id, bundle string, spec *specs.Spec) *Sandbox {
+func SandboxFromSpec(id, bundle string, spec *specs.Spec) *node.Sandbox {
 	ann := spec.Annotations
-	sb := &Sandbox{
+	sb := &node.Sandbox{
 		ID:        id,
 		Namespace: ann[cri.AnnotationSandboxNamespace],
 		Name:      ann[cri.AnnotationSandboxName],
 		UID:       ann[cri.AnnotationSandboxUID],
 		Handler:   ann[cri.AnnotationRuntimeHandler],
 		Bundle:    bundle,
-		Phase:     PhaseCreating,
+		Phase:     node.PhaseCreating,
 		CreatedAt: time.Now().UTC(),
 	}
 	if sb.Handler == "" {
@@ -401,7 +404,7 @@ func writeSpecIfChanged(bundle string, read []byte, spec *specs.Spec) error {
 	if bytes.Equal(read, now) {
 		return nil
 	}
-	return writeFileAtomic(filepath.Join(bundle, "config.json"), now, 0o644)
+	return atomicfile.Write(filepath.Join(bundle, "config.json"), now, 0o644)
 }
 
 func readSpec(bundle string) (*specs.Spec, error) {

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // testBundle writes an OCI bundle under dir whose spec carries annotations.
@@ -35,7 +36,7 @@ func testBundle(t *testing.T, dir string, annotations map[string]string) string 
 
 // testPod returns a Pod with the pipeline off whose records go to a fresh
 // state directory, and that directory.
-func testPod(t *testing.T, check func(*Sandbox) error) (*Pod, *StateDir) {
+func testPod(t *testing.T, check func(*node.Sandbox) error) (*Pod, *node.StateDir) {
 	t.Helper()
 	cfg := config.Config{StateDir: t.TempDir()}
 	p, err := NewPod(PodOptions{
@@ -47,7 +48,7 @@ func testPod(t *testing.T, check func(*Sandbox) error) (*Pod, *StateDir) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, NewStateDir(cfg.StateDir)
+	return p, node.NewStateDir(cfg.StateDir)
 }
 
 func TestNewPodRefusesBadOptions(t *testing.T) {
@@ -82,7 +83,7 @@ func TestPodCreatesAndDeletesContainers(t *testing.T) {
 		t.Errorf("create got sandbox bundles %q, want %q", got, want)
 	}
 	sb, err := state.Load("sb1")
-	if err != nil || sb.Phase != PhaseCreated || !reflect.DeepEqual(sb.Containers, []string{"c1"}) || sb.Handler != RuncHandler {
+	if err != nil || sb.Phase != node.PhaseCreated || !reflect.DeepEqual(sb.Containers, []string{"c1"}) || sb.Handler != RuncHandler {
 		t.Fatalf("record = %+v, %v; want created, handler %s, containers [c1]", sb, err, RuncHandler)
 	}
 	if err := p.Create(ctx, "sb2", testBundle(t, filepath.Join(dir, "sb2"), map[string]string{cri.AnnotationContainerType: cri.ContainerTypeSandbox}), create); err == nil || !strings.Contains(err.Error(), "already has sandbox sb1") {
@@ -106,7 +107,7 @@ func TestPodRefusedSandboxLeavesNothing(t *testing.T) {
 	dir := t.TempDir()
 	refuse := errors.New("options missing")
 	checkErr := refuse
-	p, state := testPod(t, func(sb *Sandbox) error {
+	p, state := testPod(t, func(sb *node.Sandbox) error {
 		if sb.ID != "sb1" || sb.Bundle != filepath.Join(dir, "sb1") {
 			t.Errorf("CheckSandbox got %s in %s", sb.ID, sb.Bundle)
 		}
@@ -202,7 +203,7 @@ func TestResumePodServesWhatAnotherAgentAdmitted(t *testing.T) {
 		t.Errorf("a container sharing the host's PID namespace in a resumed pod: error = %v, want workload.host_namespace", err)
 	}
 	p.Deleted(ctx, "sb")
-	if err := pl.ledger.View(func(tx *LedgerTx) error {
+	if err := pl.node.Ledger().View(func(tx *node.LedgerTx) error {
 		res, err := tx.Get("sb")
 		if res != nil {
 			t.Errorf("reservation after the resumed pod's delete: %+v", res)
@@ -218,5 +219,38 @@ func TestNewPodNeedsThePipelineItIsToldToRun(t *testing.T) {
 	_, err := NewPod(PodOptions{Config: cfg, Runtime: policy.RuntimeGVisor, DeleteTask: func(context.Context, string) error { return nil }})
 	if err == nil || !strings.Contains(err.Error(), "no pipeline") {
 		t.Errorf("pipeline.enabled without a pipeline: error = %v", err)
+	}
+}
+
+func TestSandboxFromSpec(t *testing.T) {
+	spec := &specs.Spec{
+		Annotations: map[string]string{
+			cri.AnnotationContainerType:    "sandbox",
+			cri.AnnotationSandboxNamespace: "agents",
+			cri.AnnotationSandboxName:      "coder-1",
+			cri.AnnotationSandboxUID:       "u-1",
+			"bulkhead.dev/gpu-profile":     "1g.18gb",
+			"bulkhead.dev/tenant":          "someone-else",
+			"other.io/x":                   "y",
+		},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.PIDNamespace},
+			{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"},
+		}},
+	}
+	sb := SandboxFromSpec("id1", "/b", spec)
+	if sb.Namespace != "agents" || sb.Name != "coder-1" || sb.UID != "u-1" || sb.Handler != DefaultHandler {
+		t.Errorf("identity: %+v", sb)
+	}
+	if sb.NetNS != "/var/run/netns/cni-1" {
+		t.Errorf("netns = %q", sb.NetNS)
+	}
+	want := map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb", "bulkhead.dev/tenant": "someone-else"}
+	if !reflect.DeepEqual(sb.Annotations, want) {
+		t.Errorf("annotations = %v", sb.Annotations)
+	}
+	spec.Annotations[cri.AnnotationRuntimeHandler] = "bulkhead-debug"
+	if sb := SandboxFromSpec("id1", "/b", spec); sb.Handler != "bulkhead-debug" {
+		t.Errorf("handler from annotation = %q", sb.Handler)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // Resource updates. containerd's CRI UpdateContainerResources (the
@@ -91,7 +92,7 @@ const unifiedMemoryMax = "memory.max"
 // so it raises the charge only past the sum of every live container's
 // limit: what an update made before the container started, or a pod
 // admitted without that annotation.
-func chargeAfter(charge int64, limits map[string]ContainerLimits, id string, limit int64) int64 {
+func chargeAfter(charge int64, limits map[string]node.ContainerLimits, id string, limit int64) int64 {
 	sum := limit
 	for c, l := range limits {
 		if c != id {
@@ -129,7 +130,7 @@ type ResourceChange struct {
 // missing is judged as on its create), and a lower charge is written after
 // act succeeded: a crash in between leaves the ledger charging too much,
 // never too little. A refusal changes nothing.
-func (p *Pipeline) Recharge(ctx context.Context, sb *Sandbox, a *Admission, ch ResourceChange, act func() error) error {
+func (p *Pipeline) Recharge(ctx context.Context, sb *node.Sandbox, a *Admission, ch ResourceChange, act func() error) error {
 	before := a.Reservation.MemoryBytes
 	if ch.Charge <= before {
 		in := p.changeInput(a, ch)
@@ -144,7 +145,7 @@ func (p *Pipeline) Recharge(ctx context.Context, sb *Sandbox, a *Admission, ch R
 		}
 		return p.setCharge(sb, a, ch.Charge)
 	}
-	err := p.ledger.Update(func(tx *LedgerTx) error {
+	err := p.node.Ledger().Update(func(tx *node.LedgerTx) error {
 		res, err := tx.Get(sb.ID)
 		if err != nil {
 			return err
@@ -193,8 +194,8 @@ func (p *Pipeline) Recharge(ctx context.Context, sb *Sandbox, a *Admission, ch R
 }
 
 // setCharge writes the pod's memory charge to the ledger and to a.
-func (p *Pipeline) setCharge(sb *Sandbox, a *Admission, charge int64) error {
-	err := p.ledger.Update(func(tx *LedgerTx) error {
+func (p *Pipeline) setCharge(sb *node.Sandbox, a *Admission, charge int64) error {
+	err := p.node.Ledger().Update(func(tx *node.LedgerTx) error {
 		res, err := tx.Get(sb.ID)
 		if err != nil || res == nil {
 			return err
@@ -258,7 +259,7 @@ func (p *Pod) Update(ctx context.Context, id string, resources *anypb.Any, updat
 		return fmt.Errorf("container %s: update: %w", id, err)
 	}
 	log.G(ctx).Infof("container %s: memory limit %d bytes, pod %s/%s charged %d bytes", id, limit, p.sandbox.Namespace, p.sandbox.Name, ch.Charge)
-	p.sandbox.Limits[id] = ContainerLimits{Name: old.Name, MemoryBytes: limit}
+	p.sandbox.Limits[id] = node.ContainerLimits{Name: old.Name, MemoryBytes: limit}
 	p.saveRecord(ctx)
 	return nil
 }

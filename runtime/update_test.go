@@ -15,7 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
-	"github.com/bulkhead-runtime/bulkhead/test/node"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
+	testnode "github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
 const gi = int64(1) << 30
@@ -63,7 +64,7 @@ func withUnified(r *specs.LinuxResources, v string) *specs.LinuxResources {
 }
 
 func TestChargeAfter(t *testing.T) {
-	live := map[string]ContainerLimits{"sb": {}, "a": {MemoryBytes: 2 * gi}, "b": {MemoryBytes: 3 * gi}}
+	live := map[string]node.ContainerLimits{"sb": {}, "a": {MemoryBytes: 2 * gi}, "b": {MemoryBytes: 3 * gi}}
 	tests := []struct {
 		name   string
 		charge int64
@@ -135,7 +136,7 @@ type updatePod struct {
 func newUpdatePod(t testing.TB, pl *Pipeline, name string, total, app int64) *updatePod {
 	t.Helper()
 	// The test's pods share one pipeline, as the node agent's do.
-	p, err := NewPod(PodOptions{Config: pl.cfg, Runtime: policy.RuntimeGVisor, Pipeline: pl, DeleteTask: func(context.Context, string) error { return nil }})
+	p, err := NewPod(PodOptions{Config: pl.node.Config(), Runtime: policy.RuntimeGVisor, Pipeline: pl, DeleteTask: func(context.Context, string) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,8 +180,8 @@ func (up *updatePod) create(id string, spec *specs.Spec) error {
 // charged is the pod's charge as the ledger holds it.
 func (up *updatePod) charged(t *testing.T) int64 {
 	t.Helper()
-	var res *Reservation
-	if err := up.pipeline.ledger.View(func(tx *LedgerTx) error {
+	var res *node.Reservation
+	if err := up.pipeline.node.Ledger().View(func(tx *node.LedgerTx) error {
 		var err error
 		res, err = tx.Get(up.sandbox.ID)
 		return err
@@ -317,7 +318,7 @@ func TestPodUpdateLimitMissingFollowsEnforcement(t *testing.T) {
 	// Enforcement is the bundle's own data: a copy of the default bundle
 	// whose security team made the rule deny.
 	cfg.Policy.Bundle = t.TempDir()
-	if err := node.EnforcingBundle(cfg.Policy.Bundle, "../rego", map[string]string{"quota.memory_limit_missing": "deny"}); err != nil {
+	if err := testnode.EnforcingBundle(cfg.Policy.Bundle, "../rego", map[string]string{"quota.memory_limit_missing": "deny"}); err != nil {
 		t.Fatal(err)
 	}
 	pl, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)

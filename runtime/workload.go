@@ -17,6 +17,7 @@ import (
 
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // hostShm is the host's POSIX shared memory, which containerd binds into a
@@ -55,7 +56,7 @@ type podFiles struct {
 	resolve func(path string) (string, error)
 }
 
-func podFilesOf(c config.Config, sb *Sandbox, containerID string) podFiles {
+func podFilesOf(c config.Config, sb *node.Sandbox, containerID string) podFiles {
 	return podFiles{
 		KubeletRoot: c.KubeletRoot, ContainerdRoot: c.ContainerdRoot, ContainerdState: c.ContainerdState,
 		PodUID: sb.UID, SandboxID: sb.ID, ContainerID: containerID,

@@ -14,7 +14,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
-	"github.com/bulkhead-runtime/bulkhead/test/node"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
+	testnode "github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
 // criSpec is a container spec as containerd's CRI plugin writes it for a pod
@@ -207,14 +208,14 @@ func TestNodeRefusesHostNetworkSandbox(t *testing.T) {
 			if err != nil {
 				t.Errorf("%s: %v", tt.ns, err)
 			}
-			_ = p.Release(ctx, sb.ID)
+			_ = p.Node().Release(ctx, sb.ID)
 			continue
 		}
 		if err == nil || !strings.Contains(err.Error(), "workload.host_namespace") || !strings.Contains(err.Error(), "host_network") {
 			t.Errorf("%s: Admit of a host-network sandbox = %v, want workload.host_namespace (host_network)", tt.ns, err)
 		}
 	}
-	_ = p.ledger.View(func(tx *LedgerTx) error {
+	_ = p.node.Ledger().View(func(tx *node.LedgerTx) error {
 		if all, _ := tx.List(); len(all) != 0 {
 			t.Errorf("refusals left %d reservations", len(all))
 		}
@@ -313,7 +314,7 @@ func withoutMemoryLimit(s *specs.Spec) {
 func testPipelineEnforcing(t *testing.T, enforcement map[string]string) *Pipeline {
 	t.Helper()
 	dir := t.TempDir()
-	if err := node.EnforcingBundle(dir, "../rego", enforcement); err != nil {
+	if err := testnode.EnforcingBundle(dir, "../rego", enforcement); err != nil {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t)
@@ -366,7 +367,7 @@ func TestNodeRefusesUnlimitedSidecar(t *testing.T) {
 				t.Errorf("warn: decision %+v (%v) lacks quota.memory_limit_missing as a warning", d, err)
 			}
 		}
-		_ = p.Release(ctx, sb.ID)
+		_ = p.Node().Release(ctx, sb.ID)
 	}
 }
 

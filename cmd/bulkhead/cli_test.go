@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io"
 	"os"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // mains are the subcommands' entry points with their output redirectable.
@@ -170,9 +170,9 @@ func TestNodeStatusNeedsNoPolicyKey(t *testing.T) {
 }
 
 func TestPrintStatusTables(t *testing.T) {
-	st := &runtime.NodeStatus{
+	st := &node.Status{
 		Fence:   "enabled",
-		Tenants: []runtime.TenantStatus{{Tenant: "agents", Tier: "untrusted", Sandboxes: 2, MemoryBytes: 1 << 30}, {Tenant: "research", Tier: "standard", Sandboxes: 1}},
+		Tenants: []node.TenantStatus{{Tenant: "agents", Tier: "untrusted", Sandboxes: 2, MemoryBytes: 1 << 30}, {Tenant: "research", Tier: "standard", Sandboxes: 1}},
 		Drops: map[string]netpol.Stats{
 			"research": {Drops: map[netpol.Reason]uint64{}},
 			"agents":   {Drops: map[netpol.Reason]uint64{netpol.Reasons()[3]: 9, netpol.Reasons()[4]: 3}},
@@ -195,7 +195,7 @@ func TestPrintStatusTables(t *testing.T) {
 		t.Errorf("status shows raw tabs or Go maps:\n%s", out)
 	}
 	b.Reset()
-	printStatus(&b, &runtime.NodeStatus{Fence: "enabled", LedgerPath: "/l.db"})
+	printStatus(&b, &node.Status{Fence: "enabled", LedgerPath: "/l.db"})
 	if !strings.Contains(b.String(), "no sandboxes on this node (ledger /l.db)") {
 		t.Errorf("empty node: %q", b.String())
 	}

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 func init() {
@@ -72,12 +72,12 @@ func nodeMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if args[0] == "gc" {
 		ctx := context.Background()
-		comps, err := runtime.OpenComponents(ctx, cfg, false)
+		n, err := node.Open(ctx, cfg)
 		if err != nil {
 			fmt.Fprintln(stderr, "bulkhead node gc:", err)
 			return 1
 		}
-		rep, err := runtime.NewPipeline(cfg, comps).GC(ctx, runtime.NewStateDir(cfg.StateDir))
+		rep, err := n.GC(ctx)
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(rep)
@@ -110,12 +110,12 @@ const agentTimeout = 2 * time.Second
 // When the agent does not answer (stopped, busy past agentTimeout, or the
 // caller is not root) it reads the node's files read-only and says so in
 // the report's agent section. It fails only when neither works.
-func nodeStatus(cfg config.Config) (*runtime.NodeStatus, error) {
+func nodeStatus(cfg config.Config) (*node.Status, error) {
 	st, agentErr := askAgent(cfg.Agent.Socket)
 	if agentErr == nil {
 		return st, nil
 	}
-	st, err := runtime.ReadNodeStatus(cfg)
+	st, err := node.ReadStatus(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w (and the agent did not answer: %v)", err, agentErr)
 	}
@@ -123,12 +123,12 @@ func nodeStatus(cfg config.Config) (*runtime.NodeStatus, error) {
 	if os.Geteuid() != 0 {
 		why += "; the agent answers root only"
 	}
-	st.Agent = &runtime.AgentStatus{Socket: cfg.Agent.Socket, ReadOnly: "agent not reachable: read-only view of the node's files (" + why + ")"}
+	st.Agent = &node.AgentStatus{Socket: cfg.Agent.Socket, ReadOnly: "agent not reachable: read-only view of the node's files (" + why + ")"}
 	return st, nil
 }
 
 // askAgent is the agent's status report.
-func askAgent(socket string) (*runtime.NodeStatus, error) {
+func askAgent(socket string) (*node.Status, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), agentTimeout)
 	defer cancel()
 	c := agentapi.NewClient(socket)
@@ -137,7 +137,7 @@ func askAgent(socket string) (*runtime.NodeStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	var st runtime.NodeStatus
+	var st node.Status
 	if err := json.Unmarshal(reply.Report, &st); err != nil {
 		return nil, fmt.Errorf("agent at %s: status report: %w", socket, err)
 	}
@@ -147,7 +147,7 @@ func askAgent(socket string) (*runtime.NodeStatus, error) {
 	return &st, nil
 }
 
-func printStatus(w io.Writer, st *runtime.NodeStatus) {
+func printStatus(w io.Writer, st *node.Status) {
 	printAgent(w, st.Agent, time.Now())
 	fmt.Fprintf(w, "FENCE: %s\n", st.Fence)
 	switch {
@@ -236,7 +236,7 @@ func formatDrops(drops map[netpol.Reason]uint64) string {
 
 // printAgent prints the agent's lines of a report, first: who answered,
 // or why the report was read from the node's files.
-func printAgent(w io.Writer, a *runtime.AgentStatus, now time.Time) {
+func printAgent(w io.Writer, a *node.AgentStatus, now time.Time) {
 	switch {
 	case a == nil:
 	case !a.Running:

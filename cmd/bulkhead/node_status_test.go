@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/agent"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // nodeConfig writes a node's configuration file whose paths are all under
@@ -72,7 +72,7 @@ func TestNodeStatusWithoutAgent(t *testing.T) {
 					t.Errorf("status lacks the ledger's line %q:\n%s", ledger, stdout.String())
 				}
 			} else {
-				var st runtime.NodeStatus
+				var st node.Status
 				if err := json.Unmarshal(stdout.Bytes(), &st); err != nil {
 					t.Fatalf("%v:\n%s", err, stdout.String())
 				}

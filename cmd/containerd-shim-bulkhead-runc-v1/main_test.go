@@ -52,6 +52,14 @@ func TestShimLinksNoPolicyFenceOrGPU(t *testing.T) {
 			t.Errorf("containerd-shim-bulkhead-runc-v1 links %d packages under %s, want none; the first: %s", len(linked), prefix, strings.Join(linked[:min(len(linked), 5)], ", "))
 		}
 	}
+	for _, pkg := range []string{
+		"github.com/bulkhead-runtime/bulkhead/runtime",      // the pipeline
+		"github.com/bulkhead-runtime/bulkhead/runtime/node", // what outlives a pod
+	} {
+		if slices.Contains(ours, pkg) {
+			t.Errorf("containerd-shim-bulkhead-runc-v1 links %s, the node agent's; want only runtime/shim", pkg)
+		}
+	}
 	upstream := deps(t, "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2")
 	for _, pkg := range ours {
 		if strings.HasPrefix(pkg, "github.com/cilium/ebpf") && !slices.Contains(upstream, pkg) {

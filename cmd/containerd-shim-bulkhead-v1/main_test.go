@@ -50,8 +50,13 @@ func TestShimLinksNoPolicyFenceOrGPU(t *testing.T) {
 			t.Errorf("containerd-shim-bulkhead-v1 links %d packages under %s, want none; the first: %s", len(linked), prefix, strings.Join(linked[:min(len(linked), 5)], ", "))
 		}
 	}
-	if slices.Contains(ours, "github.com/bulkhead-runtime/bulkhead/runtime") {
-		t.Error("containerd-shim-bulkhead-v1 links package runtime (the pipeline), want only runtime/shim")
+	for _, pkg := range []string{
+		"github.com/bulkhead-runtime/bulkhead/runtime",      // the pipeline
+		"github.com/bulkhead-runtime/bulkhead/runtime/node", // what outlives a pod
+	} {
+		if slices.Contains(ours, pkg) {
+			t.Errorf("containerd-shim-bulkhead-v1 links %s, the node agent's; want only runtime/shim", pkg)
+		}
 	}
 	upstream := deps(t, "gvisor.dev/gvisor/shim")
 	for _, pkg := range ours {

@@ -35,6 +35,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"github.com/bulkhead-runtime/bulkhead/runtime/telemetry"
 )
 
@@ -51,7 +52,7 @@ type Agent struct {
 	cfg      config.Config
 	pipeline *runtime.Pipeline
 	engine   *policy.Engine
-	state    *runtime.StateDir
+	state    *node.StateDir
 
 	// mu guards pods, ops and lastOp.
 	mu sync.Mutex
@@ -80,7 +81,7 @@ func Open(ctx context.Context, cfg config.Config) (*Agent, error) {
 		return nil, errors.New("pipeline.enabled is false: the shims run pods unjudged and never call the agent (a benchmark baseline); there is nothing to serve")
 	}
 	a := &Agent{
-		cfg: cfg, state: runtime.NewStateDir(cfg.StateDir), startedAt: time.Now(),
+		cfg: cfg, state: node.NewStateDir(cfg.StateDir), startedAt: time.Now(),
 		pods: map[string]*runtime.Pod{}, ops: map[uint64]*op{}, gcSoon: make(chan struct{}, 1),
 	}
 	a.openTelemetry(ctx)
@@ -90,7 +91,7 @@ func Open(ctx context.Context, cfg config.Config) (*Agent, error) {
 		return nil, err
 	}
 	a.pipeline = p
-	if _, err := p.GC(ctx, a.state); err != nil {
+	if _, err := p.Node().GC(ctx); err != nil {
 		log.G(ctx).WithError(err).Warn("gc at agent start")
 	}
 	return a, nil
@@ -226,7 +227,7 @@ func (a *Agent) gcLoop(ctx context.Context) {
 }
 
 func (a *Agent) gc(ctx context.Context) {
-	rep, err := a.pipeline.GC(ctx, a.state)
+	rep, err := a.pipeline.Node().GC(ctx)
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("gc")
 	}
@@ -396,7 +397,7 @@ func (a *Agent) deleted(ctx context.Context, r agentapi.DeletedRequest) (agentap
 		}
 		// A pod this agent has not served (it restarted, or this is a dead
 		// shim's `shim delete`): release what the ledger says it holds.
-		if err := a.pipeline.Release(ctx, r.Sandbox); err != nil {
+		if err := a.pipeline.Node().Release(ctx, r.Sandbox); err != nil {
 			return agentapi.Reply{Error: err.Error()}, nil
 		}
 		if err := a.state.Remove(r.Sandbox); err != nil {

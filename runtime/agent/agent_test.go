@@ -21,6 +21,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"github.com/bulkhead-runtime/bulkhead/runtime/telemetry"
 )
 
@@ -118,14 +119,14 @@ func sandboxBundle(t *testing.T, ns, name string) string {
 }
 
 // reservation is sandbox id's reservation in the agent's ledger, or nil.
-func reservation(t *testing.T, a *Agent, id string) *runtime.Reservation {
+func reservation(t *testing.T, a *Agent, id string) *node.Reservation {
 	t.Helper()
-	l, err := runtime.OpenLedgerReadOnly(a.cfg.LedgerPath)
+	l, err := node.OpenLedgerReadOnly(a.cfg.LedgerPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var res *runtime.Reservation
-	if err := l.View(func(tx *runtime.LedgerTx) error {
+	var res *node.Reservation
+	if err := l.View(func(tx *node.LedgerTx) error {
 		res, err = tx.Get(id)
 		return err
 	}); err != nil {
@@ -221,7 +222,7 @@ func TestShimKilledMidCallLeavesNothing(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	ids, err := runtime.NewStateDir(a.cfg.StateDir).List()
+	ids, err := node.NewStateDir(a.cfg.StateDir).List()
 	if err != nil || len(ids) != 0 {
 		t.Errorf("records after the shim died = %v, %v; want none", ids, err)
 	}

@@ -5,21 +5,21 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // nodeStatus is the node's state as the agent sees it. The ledger, GPU and
 // fence parts are read as `bulkhead node status` reads a stopped node's
-// (runtime.ReadNodeStatus: read-only opens of the same ledger, backend and
+// (node.ReadStatus: read-only opens of the same ledger, backend and
 // pinned maps the agent holds), so both views report the same thing; the
 // agent adds its own state.
-func (a *Agent) nodeStatus() (*runtime.NodeStatus, error) {
-	st, err := runtime.ReadNodeStatus(a.cfg)
+func (a *Agent) nodeStatus() (*node.Status, error) {
+	st, err := node.ReadStatus(a.cfg)
 	if err != nil {
 		return nil, err
 	}
-	as := &runtime.AgentStatus{Running: true, Socket: a.cfg.Agent.Socket, PID: os.Getpid(), StartedAt: a.startedAt}
+	as := &node.AgentStatus{Running: true, Socket: a.cfg.Agent.Socket, PID: os.Getpid(), StartedAt: a.startedAt}
 	var reloadErr error
 	as.BundleRevision, as.BundleLoadedAt, reloadErr = a.Bundle()
 	if reloadErr != nil {

@@ -9,19 +9,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // askStatus calls Status on the agent's socket and decodes the report
 // strictly: a field the report's type lacks is an error.
-func askStatus(t *testing.T, c *agentapi.Client) runtime.NodeStatus {
+func askStatus(t *testing.T, c *agentapi.Client) node.Status {
 	t.Helper()
 	reply, err := c.Status(context.Background())
 	if err != nil {
 		t.Fatalf("Status: %v", err)
 	}
-	var st runtime.NodeStatus
+	var st node.Status
 	dec := json.NewDecoder(bytes.NewReader(reply.Report))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&st); err != nil {
@@ -52,7 +52,7 @@ func TestStatusOverSocket(t *testing.T) {
 	if ag.StartedAt.IsZero() || ag.StartedAt.After(time.Now()) || ag.BundleLoadedAt.Before(ag.StartedAt) {
 		t.Errorf("started at %v, bundle loaded at %v: want the start in the past and the load after it", ag.StartedAt, ag.BundleLoadedAt)
 	}
-	if st.Fence != runtime.FenceDisabled || st.LedgerPath != cfg.LedgerPath || st.Ledger != "" {
+	if st.Fence != node.FenceDisabled || st.LedgerPath != cfg.LedgerPath || st.Ledger != "" {
 		t.Errorf("fence %q, ledger %q (%q): want the fence disabled and the agent's ledger", st.Fence, st.LedgerPath, st.Ledger)
 	}
 	if q := st.Quota["research"]; q.Sandboxes != 10 || q.Memory != "64Gi" {
@@ -106,7 +106,7 @@ func TestStatusOverSocket(t *testing.T) {
 func TestStatusReportsRefusedReload(t *testing.T) {
 	_, c, cfg := testAgent(t)
 	first := askStatus(t, c).Agent
-	waitFor := func(what string, ok func(*runtime.AgentStatus) bool) *runtime.AgentStatus {
+	waitFor := func(what string, ok func(*node.AgentStatus) bool) *node.AgentStatus {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
@@ -127,14 +127,14 @@ func TestStatusReportsRefusedReload(t *testing.T) {
 	if err := os.WriteFile(cfg.Policy.Data, []byte(`{"bulkhead": {"tenants": `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ag := waitFor("a reload refused", func(ag *runtime.AgentStatus) bool { return ag.ReloadError != "" })
+	ag := waitFor("a reload refused", func(ag *node.AgentStatus) bool { return ag.ReloadError != "" })
 	if ag.BundleRevision != "bulkhead-default-1" || !strings.Contains(ag.ReloadError, "bulkhead-default-1 stays active") || !ag.BundleLoadedAt.Equal(first.BundleLoadedAt) {
 		t.Errorf("after a refused reload: %+v; want revision bulkhead-default-1 still loaded at %v and the refusal saying it stays", ag, first.BundleLoadedAt)
 	}
 	if err := os.WriteFile(cfg.Policy.Data, good, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ag = waitFor("a reload of the good data", func(ag *runtime.AgentStatus) bool { return ag.ReloadError == "" })
+	ag = waitFor("a reload of the good data", func(ag *node.AgentStatus) bool { return ag.ReloadError == "" })
 	if !ag.BundleLoadedAt.After(first.BundleLoadedAt) {
 		t.Errorf("bundle loaded at %v after the good reload, want after %v", ag.BundleLoadedAt, first.BundleLoadedAt)
 	}

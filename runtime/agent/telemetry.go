@@ -14,6 +14,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/policy"
 	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"github.com/bulkhead-runtime/bulkhead/runtime/telemetry"
 )
 
@@ -67,25 +68,22 @@ func (a *Agent) Bundle() (revision string, loadedAt time.Time, lastReload error)
 // openPipeline opens the pipeline's components with the policy engine
 // counted by the agent's metrics, and follows the engine's reloads.
 func (a *Agent) openPipeline(ctx context.Context) (*runtime.Pipeline, error) {
-	c, err := runtime.OpenComponents(ctx, a.cfg, true)
+	n, eng, err := runtime.Open(ctx, a.cfg)
 	if err != nil {
 		return nil, err
 	}
-	if eng, ok := c.Decider.(*policy.Engine); ok {
-		a.engine = eng
-		a.bundle.set(eng.Revision(), nil)
-		a.metrics.BundleLoaded(eng.Revision(), time.Now())
-		eng.OnReload(func(revision string, err error) {
-			a.bundle.set(revision, err)
-			if err != nil {
-				a.metrics.BundleReloadFailed(err)
-				return
-			}
-			a.metrics.BundleLoaded(revision, time.Now())
-		})
-	}
-	c.Decider = countingDecider{Decider: c.Decider, metrics: a.metrics}
-	return runtime.NewPipeline(a.cfg, c), nil
+	a.engine = eng
+	a.bundle.set(eng.Revision(), nil)
+	a.metrics.BundleLoaded(eng.Revision(), time.Now())
+	eng.OnReload(func(revision string, err error) {
+		a.bundle.set(revision, err)
+		if err != nil {
+			a.metrics.BundleReloadFailed(err)
+			return
+		}
+		a.metrics.BundleLoaded(revision, time.Now())
+	})
+	return runtime.NewPipeline(n, countingDecider{Decider: eng, metrics: a.metrics}), nil
 }
 
 // openTelemetry makes the agent's metrics and, where the node reaches the
@@ -167,7 +165,7 @@ type nodeSource struct{ a *Agent }
 
 func (s nodeSource) QuotaUse() (map[string]policy.Usage, error) {
 	use := map[string]policy.Usage{}
-	err := s.a.pipeline.Ledger().View(func(tx *runtime.LedgerTx) error {
+	err := s.a.pipeline.Node().Ledger().View(func(tx *node.LedgerTx) error {
 		all, err := tx.List()
 		if err != nil {
 			return err
@@ -186,7 +184,7 @@ func (s nodeSource) QuotaUse() (map[string]policy.Usage, error) {
 }
 
 func (s nodeSource) MIGInstances() (map[int]int, error) {
-	b := s.a.pipeline.Backend()
+	b := s.a.pipeline.Node().Backend()
 	if b == nil {
 		return nil, nil
 	}
@@ -205,7 +203,7 @@ func (s nodeSource) MIGInstances() (map[int]int, error) {
 type fenceSource struct{ a *Agent }
 
 func (s fenceSource) Drops() ([]telemetry.FenceDrop, error) {
-	f := s.a.pipeline.Fence()
+	f := s.a.pipeline.Node().Fence()
 	if f == nil {
 		return nil, nil
 	}

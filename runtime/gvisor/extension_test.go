@@ -17,7 +17,7 @@ import (
 	"gvisor.dev/gvisor/pkg/shim/v1/extension"
 	"gvisor.dev/gvisor/pkg/shim/v1/runtimeoptions"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // fakeTasks is gVisor's task service as the extension sees it: it records
@@ -68,7 +68,7 @@ func bundle(t *testing.T, dir, containerType string) string {
 	return dir
 }
 
-func newTestExtension(t *testing.T) (*PodExtension, *fakeTasks, *runtime.StateDir) {
+func newTestExtension(t *testing.T) (*PodExtension, *fakeTasks, *node.StateDir) {
 	t.Helper()
 	cfg := config.Config{StateDir: t.TempDir()}
 	tasks := &fakeTasks{t: t, configPaths: map[string]string{}}
@@ -76,7 +76,7 @@ func newTestExtension(t *testing.T) (*PodExtension, *fakeTasks, *runtime.StateDi
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, tasks, runtime.NewStateDir(cfg.StateDir)
+	return p, tasks, node.NewStateDir(cfg.StateDir)
 }
 
 // TestEveryContainerGetsTheSandboxOptions: the sandbox and every later

@@ -13,7 +13,7 @@ import (
 
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	bhruntime "github.com/bulkhead-runtime/bulkhead/runtime"
+	bhnode "github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
@@ -316,11 +316,11 @@ func TestCluster(t *testing.T) {
 		if err != nil || !strings.Contains(string(status), "no sandboxes on this node") || strings.Contains(string(status), "MIG-") {
 			t.Errorf("bulkhead node status after uninstall: %v", err)
 		}
-		l, err := bhruntime.OpenLedger(filepath.Join(c.Node.Dir(), "ledger.db"))
+		l, err := bhnode.OpenLedger(filepath.Join(c.Node.Dir(), "ledger.db"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = l.View(func(tx *bhruntime.LedgerTx) error {
+		_ = l.View(func(tx *bhnode.LedgerTx) error {
 			res, err := tx.List()
 			if err != nil || len(res) != 0 {
 				t.Errorf("node ledger: %d reservations left (%v)", len(res), err)

@@ -14,7 +14,7 @@ import (
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
-	bhruntime "github.com/bulkhead-runtime/bulkhead/runtime"
+	bhnode "github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // nodeAgrees waits until the ledger, the fence, the MIG instances and the
@@ -107,7 +107,7 @@ func TestAgentKilledDuringConcurrentStarts(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 		active = 0
 		for _, r := range pn.ledger(t) {
-			if r.State == bhruntime.StateActive {
+			if r.State == bhnode.StateActive {
 				active++
 			}
 		}

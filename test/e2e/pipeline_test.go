@@ -21,6 +21,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/policy"
 	bhruntime "github.com/bulkhead-runtime/bulkhead/runtime"
+	bhnode "github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
@@ -102,14 +103,14 @@ func startPipelineNodeTenants(t testing.TB, dualStack bool, tenantsJSON string) 
 	return pn
 }
 
-func (pn *pipelineNode) ledger(t testing.TB) []*bhruntime.Reservation {
+func (pn *pipelineNode) ledger(t testing.TB) []*bhnode.Reservation {
 	t.Helper()
-	l, err := bhruntime.OpenLedger(filepath.Join(pn.Dir(), "ledger.db"))
+	l, err := bhnode.OpenLedger(filepath.Join(pn.Dir(), "ledger.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []*bhruntime.Reservation
-	if err := l.View(func(tx *bhruntime.LedgerTx) error {
+	var out []*bhnode.Reservation
+	if err := l.View(func(tx *bhnode.LedgerTx) error {
 		var err error
 		out, err = tx.List()
 		return err
@@ -237,7 +238,7 @@ func TestPipelineFencesTenantsAndReleasesEverything(t *testing.T) {
 		t.Fatalf("ledger: want 3 reservations, got %d", len(res))
 	}
 	for _, r := range res {
-		if r.State != bhruntime.StateActive || r.Endpoint == nil {
+		if r.State != bhnode.StateActive || r.Endpoint == nil {
 			t.Errorf("reservation %s: state %s endpoint %v", r.SandboxID[:12], r.State, r.Endpoint)
 		}
 		if r.SandboxID == r1.id && (r.GPU == nil || !r.GPU.Whole()) {
@@ -418,7 +419,7 @@ func TestShimKilledMidCreateThenContainerdRestartAndGC(t *testing.T) {
 		_, err := runPod(ctx, pn.Node, podConfig(pn.Node, "victim", "agents", nil))
 		errc <- err
 	}()
-	var victim *bhruntime.Reservation
+	var victim *bhnode.Reservation
 	deadline := time.Now().Add(90 * time.Second)
 	for victim == nil {
 		for _, r := range pn.ledger(t) {
@@ -456,7 +457,7 @@ func TestShimKilledMidCreateThenContainerdRestartAndGC(t *testing.T) {
 
 	// Ledger, fence, state and processes agree with the pods that exist.
 	res := pn.ledger(t)
-	if len(res) != 1 || res[0].SandboxID != survivor || res[0].State != bhruntime.StateActive {
+	if len(res) != 1 || res[0].SandboxID != survivor || res[0].State != bhnode.StateActive {
 		t.Errorf("ledger after gc: %+v", res)
 	}
 	eps, err := pn.fence(t).Endpoints()

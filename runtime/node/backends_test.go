@@ -1,4 +1,4 @@
-package runtime
+package node
 
 import (
 	"context"
@@ -15,13 +15,13 @@ import (
 )
 
 // TestDoesNotLinkMockGPU keeps the GPU mock out of every binary that links
-// runtime: MIG backends register by name, the real one (nvml) is always
+// runtime/node (and so runtime and the node agent): MIG backends register by name, the real one (nvml) is always
 // linked and the mock (go-nvml's mock servers, mig/mocknode) only into builds
 // with the tag bulkhead_mockgpu.
 func TestDoesNotLinkMockGPU(t *testing.T) {
 	gotool := filepath.Join(goruntime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(gotool); err != nil {
-		t.Skipf("no go tool at %s (%v): cannot list runtime's dependencies", gotool, err)
+		t.Skipf("no go tool at %s (%v): cannot list runtime/node's dependencies", gotool, err)
 	}
 	out, err := exec.Command(gotool, "list", "-deps", ".").CombinedOutput()
 	if err != nil {
@@ -40,10 +40,10 @@ func TestDoesNotLinkMockGPU(t *testing.T) {
 		}
 	}
 	if len(mock) > 0 {
-		t.Errorf("runtime links %d packages of the GPU mock, want none: %s", len(mock), strings.Join(mock, ", "))
+		t.Errorf("runtime/node links %d packages of the GPU mock, want none: %s", len(mock), strings.Join(mock, ", "))
 	}
 	if !nvml {
-		t.Errorf("runtime does not link mig/nvmlbackend: a node could not open mig.backend = \"nvml\"")
+		t.Errorf("runtime/node does not link mig/nvmlbackend: a node could not open mig.backend = \"nvml\"")
 	}
 }
 
@@ -63,7 +63,7 @@ func TestOpenBackendByName(t *testing.T) {
 		t.Fatalf("reading the GPUs created the mock node (%v)", err)
 	}
 
-	var c Components
+	var c Parts
 	if err := openLedgerAndMIG(context.Background(), cfg, &c); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestOpenBackendByName(t *testing.T) {
 	if _, err := GPUsReadOnly(cfg); !errors.Is(err, mig.ErrUnknownBackend) || !strings.Contains(err.Error(), "mig.backend") {
 		t.Errorf("GPUs of mig.backend %q: %v, want mig.ErrUnknownBackend naming mig.backend", cfg.MIG.Backend, err)
 	}
-	if err := openLedgerAndMIG(context.Background(), cfg, &Components{}); !errors.Is(err, mig.ErrUnknownBackend) {
+	if err := openLedgerAndMIG(context.Background(), cfg, &Parts{}); !errors.Is(err, mig.ErrUnknownBackend) {
 		t.Errorf("opening mig.backend %q: %v, want mig.ErrUnknownBackend", cfg.MIG.Backend, err)
 	}
 

@@ -1,10 +1,9 @@
-package runtime
+package node
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +13,8 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/mig/inject"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 )
 
 // GCReport says what a GC pass released.
@@ -78,11 +79,13 @@ func shimRunning(pid int) bool {
 // GC releases everything held for sandboxes that no longer exist: ledger
 // reservations (with their MIG instances and fence entries), sandbox
 // records, fence entries and MIG instances no reservation owns. It is
-// idempotent, and every shim runs it when it starts.
-func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
+// idempotent; the node agent runs it when it starts, every little while
+// and soon after a shim died in the middle of a call.
+func (n *Node) GC(ctx context.Context) (GCReport, error) {
 	var rep GCReport
 	var reservations []*Reservation
-	if err := p.ledger.View(func(tx *LedgerTx) error {
+	state := n.state
+	if err := n.ledger.View(func(tx *LedgerTx) error {
 		var err error
 		reservations, err = tx.List()
 		return err
@@ -93,10 +96,10 @@ func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
 	var errs []error
 	for _, r := range reservations {
 		pids[r.SandboxID] = r.ShimPID
-		if SandboxAlive(p.cfg, r.SandboxID, r.ShimPID) {
+		if SandboxAlive(n.cfg, r.SandboxID, r.ShimPID) {
 			continue
 		}
-		if err := p.Release(ctx, r.SandboxID); err != nil {
+		if err := n.Release(ctx, r.SandboxID); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -120,7 +123,7 @@ func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
 		if sb != nil {
 			pid = sb.ShimPID
 		}
-		if SandboxAlive(p.cfg, id, pid) {
+		if SandboxAlive(n.cfg, id, pid) {
 			continue
 		}
 		if err := state.Remove(id); err != nil {
@@ -129,9 +132,9 @@ func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
 		}
 		rep.Records = append(rep.Records, id)
 	}
-	if p.fence != nil {
-		gone, err := p.fence.GC(ctx, func(id string) bool {
-			return SandboxAlive(p.cfg, id, pids[id])
+	if n.fence != nil {
+		gone, err := n.fence.GC(ctx, func(id string) bool {
+			return SandboxAlive(n.cfg, id, pids[id])
 		})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("fence: %w", err))
@@ -140,12 +143,12 @@ func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
 			rep.Endpoints = append(rep.Endpoints, e.SandboxID)
 		}
 	}
-	if p.backend != nil {
-		if err := p.destroyOrphanInstances(&rep); err != nil {
+	if n.backend != nil {
+		if err := n.destroyOrphanInstances(&rep); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := p.removeOrphanCDISpecs(&rep); err != nil {
+	if err := n.removeOrphanCDISpecs(&rep); err != nil {
 		errs = append(errs, err)
 	}
 	if !rep.Empty() {
@@ -158,15 +161,15 @@ func (p *Pipeline) GC(ctx context.Context, state *StateDir) (GCReport, error) {
 // (a crash between creating an instance and recording it). A reservation
 // whose instance is still being created holds its slot, so a concurrent
 // shim's instance is never taken for an orphan.
-func (p *Pipeline) destroyOrphanInstances(rep *GCReport) error {
-	insts, err := p.backend.Instances()
+func (n *Node) destroyOrphanInstances(rep *GCReport) error {
+	insts, err := n.backend.Instances()
 	if err != nil {
 		return fmt.Errorf("gpu: %w", err)
 	}
 	// Read the ledger after listing: an instance created meanwhile has its
 	// reservation recorded before it exists.
 	var placements []mig.Placement
-	if err := p.ledger.View(func(tx *LedgerTx) error {
+	if err := n.ledger.View(func(tx *LedgerTx) error {
 		placements, err = tx.Placements()
 		return err
 	}); err != nil {
@@ -176,11 +179,48 @@ func (p *Pipeline) destroyOrphanInstances(rep *GCReport) error {
 	var errs []error
 	for _, in := range orphans {
 		key := fmt.Sprintf("%d/%d", in.GPU, in.GI)
-		if err := p.backend.Destroy(in.GPU, in.GI, in.CI); err != nil {
+		if err := n.backend.Destroy(in.GPU, in.GI, in.CI); err != nil {
 			errs = append(errs, fmt.Errorf("gpu %s: %w", key, err))
 			continue
 		}
 		rep.Instances = append(rep.Instances, key)
+	}
+	return errors.Join(errs...)
+}
+
+// removeOrphanCDISpecs removes the CDI specs of sandboxes that hold no
+// reservation (a crash between writing the spec and releasing it). The
+// directory is listed before the ledger is read: a spec is written after
+// its reservation, so a pod being placed meanwhile is never taken for an
+// orphan.
+func (n *Node) removeOrphanCDISpecs(rep *GCReport) error {
+	if n.cfg.MIG.CDISpecDir == "" {
+		return nil
+	}
+	owners, err := inject.CDISpecOwners(n.cfg.MIG.CDISpecDir, inject.CDIKind)
+	if err != nil || len(owners) == 0 {
+		return err
+	}
+	held := map[string]bool{}
+	if err := n.ledger.View(func(tx *LedgerTx) error {
+		all, err := tx.List()
+		for _, r := range all {
+			held[r.SandboxID] = true
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range owners {
+		if held[id] {
+			continue
+		}
+		if err := n.removeCDISpec(id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rep.CDISpecs = append(rep.CDISpecs, id)
 	}
 	return errors.Join(errs...)
 }

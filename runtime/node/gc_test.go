@@ -1,13 +1,13 @@
-package runtime
+package node
 
 import (
 	"context"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/bulkhead-runtime/bulkhead/mig"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 )
 
 func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
@@ -19,12 +19,11 @@ func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
 	cfg.MIG = config.MIGConfig{Backend: "mock", MockModel: "a100-80gb", MockGPUs: 1, MockState: filepath.Join(dir, "gpus.json")}
 	cfg.Pipeline.Enabled, cfg.Pipeline.BenchmarkBaseline = false, true
 	cfg.Netpol.Enabled = false // never the node's own pins; test/e2e covers the fence
-	c, err := OpenComponents(context.Background(), cfg, false)
+	n, err := Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := NewPipeline(cfg, c)
-	state := NewStateDir(cfg.StateDir)
+	state := n.State()
 
 	// "alive" still has runsc state; "dead" has none and no shim.
 	if err := os.MkdirAll(filepath.Join(cfg.RunscRoot, "k8s.io"), 0o700); err != nil {
@@ -35,14 +34,14 @@ func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
 	}
 	inst := map[string]mig.Instance{}
 	for i, id := range []string{"alive", "dead"} {
-		in, err := c.Backend.Create(0, "2g.20gb", 2*i)
+		in, err := n.Backend().Create(0, "2g.20gb", 2*i)
 		if err != nil {
 			t.Fatal(err)
 		}
 		inst[id] = in
 		pl := mig.PlacementOf(in, "t", id)
 		res := &Reservation{SandboxID: id, State: StateActive, Tenant: "t", GPU: &pl, Instance: &in}
-		if err := c.Ledger.Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
+		if err := n.Ledger().Update(func(tx *LedgerTx) error { return tx.Put(res) }); err != nil {
 			t.Fatal(err)
 		}
 		if err := state.Save(&Sandbox{ID: id, Phase: PhaseCreated}); err != nil {
@@ -50,13 +49,13 @@ func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
 		}
 	}
 	// An instance no reservation owns (a crash between create and record).
-	orphan, err := c.Backend.Create(0, "1g.10gb", 6)
+	orphan, err := n.Backend().Create(0, "1g.10gb", 6)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = orphan
 
-	rep, err := p.GC(context.Background(), state)
+	rep, err := n.GC(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +68,7 @@ func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
 	if len(rep.Instances) != 1 {
 		t.Errorf("orphan instances destroyed: %v, want 1", rep.Instances)
 	}
-	insts, err := c.Backend.Instances()
+	insts, err := n.Backend().Instances()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +80,7 @@ func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
 		t.Errorf("records after gc: %v", ids)
 	}
 	// Idempotent.
-	rep, err = p.GC(context.Background(), state)
+	rep, err = n.GC(context.Background())
 	if err != nil || !rep.Empty() {
 		t.Errorf("second gc: %+v, %v", rep, err)
 	}

@@ -1,14 +1,11 @@
-package runtime
+package node
 
 import (
-	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
-
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 func TestStateDirLifecycle(t *testing.T) {
@@ -55,38 +52,5 @@ func TestStateDirRefusesBadIDs(t *testing.T) {
 		if err := s.Save(&Sandbox{ID: id}); err == nil || !strings.Contains(err.Error(), "sandbox id") {
 			t.Errorf("Save(%q) = %v, want a sandbox id error", id, err)
 		}
-	}
-}
-
-func TestSandboxFromSpec(t *testing.T) {
-	spec := &specs.Spec{
-		Annotations: map[string]string{
-			cri.AnnotationContainerType:    "sandbox",
-			cri.AnnotationSandboxNamespace: "agents",
-			cri.AnnotationSandboxName:      "coder-1",
-			cri.AnnotationSandboxUID:       "u-1",
-			"bulkhead.dev/gpu-profile":     "1g.18gb",
-			"bulkhead.dev/tenant":          "someone-else",
-			"other.io/x":                   "y",
-		},
-		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
-			{Type: specs.PIDNamespace},
-			{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"},
-		}},
-	}
-	sb := SandboxFromSpec("id1", "/b", spec)
-	if sb.Namespace != "agents" || sb.Name != "coder-1" || sb.UID != "u-1" || sb.Handler != DefaultHandler {
-		t.Errorf("identity: %+v", sb)
-	}
-	if sb.NetNS != "/var/run/netns/cni-1" {
-		t.Errorf("netns = %q", sb.NetNS)
-	}
-	want := map[string]string{"bulkhead.dev/gpu-profile": "1g.18gb", "bulkhead.dev/tenant": "someone-else"}
-	if !reflect.DeepEqual(sb.Annotations, want) {
-		t.Errorf("annotations = %v", sb.Annotations)
-	}
-	spec.Annotations[cri.AnnotationRuntimeHandler] = "bulkhead-debug"
-	if sb := SandboxFromSpec("id1", "/b", spec); sb.Handler != "bulkhead-debug" {
-		t.Errorf("handler from annotation = %q", sb.Handler)
 	}
 }

@@ -1,4 +1,4 @@
-package runtime
+package node
 
 import (
 	"archive/tar"
@@ -18,11 +18,11 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 )
 
-// NodeStatus is what `bulkhead node status` reports: the node agent's own
+// Status is what `bulkhead node status` reports: the node agent's own
 // state and what the node holds (ledger, GPUs, fence, quotas). The agent
 // serves it (agentapi.MethodStatus); on a node whose agent is down it is
-// read from the node's files (ReadNodeStatus).
-type NodeStatus struct {
+// read from the node's files (ReadStatus).
+type Status struct {
 	// Agent is the node agent as it reported itself, or why it could not
 	// be asked.
 	Agent      *AgentStatus    `json:"agent"`
@@ -42,7 +42,7 @@ type NodeStatus struct {
 	Fence string `json:"fence"`
 }
 
-// AgentStatus is the node agent's part of a NodeStatus.
+// AgentStatus is the node agent's part of a Status.
 type AgentStatus struct {
 	// Running is true when the agent answered: the rest of the report is
 	// its live view.
@@ -92,16 +92,16 @@ type TenantQuota struct {
 	Memory    string `json:"memory,omitempty"`
 }
 
-// FenceDisabled is NodeStatus.Fence on a node whose operator turned the
+// FenceDisabled is Status.Fence on a node whose operator turned the
 // fence off.
 const FenceDisabled = "DISABLED (netpol.enabled = false): no cross-tenant, metadata or egress enforcement on this node"
 
-// ReadNodeStatus reads the node's state read-only, as cfg locates it: the
+// ReadStatus reads the node's state read-only, as cfg locates it: the
 // ledger, the GPUs and the pinned fence are opened as they are and never
 // created, so it works on a node whose agent is stopped and leaves the
 // node as it found it. Agent is left nil: the caller says who is asking.
-func ReadNodeStatus(cfg config.Config) (*NodeStatus, error) {
-	st := &NodeStatus{Drops: map[string]netpol.Stats{}, LedgerPath: cfg.LedgerPath, Fence: "enabled"}
+func ReadStatus(cfg config.Config) (*Status, error) {
+	st := &Status{Drops: map[string]netpol.Stats{}, LedgerPath: cfg.LedgerPath, Fence: "enabled"}
 	if !cfg.Netpol.Enabled {
 		st.Fence = FenceDisabled
 	}

@@ -1,4 +1,4 @@
-package runtime
+package node
 
 import (
 	"encoding/json"
@@ -10,6 +10,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/bulkhead-runtime/bulkhead/internal/atomicfile"
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
@@ -105,7 +106,7 @@ func (s *StateDir) Save(sb *Sandbox) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, "sandbox.json"), data, 0o600)
+	return atomicfile.Write(filepath.Join(dir, "sandbox.json"), data, 0o600)
 }
 
 // Load reads the record of sandbox id.
@@ -155,28 +156,4 @@ func (s *StateDir) Remove(id string) error {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	return nil
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -1,0 +1,32 @@
+// Package node holds what outlives a pod on a Bulkhead node: the ledger of
+// what each pod holds (quota, GPU placement, MIG instance, fence entry),
+// the records of its sandboxes, the GPUs with their MIG backend, the fence,
+// and the release and repair (GC) of all of it. One process opens it, the
+// node agent (`bulkhead node gc` and `bulkhead node status` too, on
+// demand); what one pod does while it is placed is package runtime's, which
+// places pods on a Node.
+//
+// # Invariant
+//
+// Nothing a pod held outlives it. Whatever is made for a pod is written
+// down here before it is made — its record (StateDir) before anything
+// exists for the sandbox, its reservation (Ledger) before its MIG instance,
+// CDI spec or fence entry — so that Release, when the sandbox is deleted,
+// and GC, when it is found dead, can find and undo every part of it, in
+// reverse, whichever process made it and whenever that process died. GC
+// never frees what a live sandbox may use: a sandbox is alive while its
+// shim runs or runsc or runc still hold state for it (SandboxAlive).
+//
+// # Rules
+//
+//  1. The ledger is one bbolt file; each transaction holds its exclusive
+//     lock, so transactions are serialised across processes and a crashed
+//     process releases the lock with its file descriptor.
+//  2. A release that fails keeps the reservation, so that a later GC pass
+//     retries it; releasing twice is harmless.
+//  3. Readers of a node (OpenLedgerReadOnly, GPUsReadOnly) create nothing:
+//     they leave the node as they found it.
+//  4. The package decides nothing: the policy is asked by package runtime,
+//     and what the node keeps of a decision (Sandbox.Decision, Input) is
+//     only data for the pod's later containers and updates.
+package node
