@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/mig"
 	"github.com/bulkhead-runtime/bulkhead/mig/inject"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 

@@ -9,10 +9,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
 // podNetNS makes a network namespace for one test case, with build run on a

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"net/netip"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,16 +19,10 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/runtime/internal/starttrace"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
-)
-
-// Annotations containerd sets on the sandbox; the requests a pod author may
-// set are policy's (policy.AnnotationGPUProfile, ...), read only through
-// policy.ParseAnnotations.
-const (
-	// AnnotationSandboxMemory is containerd's total memory limit of the pod.
-	AnnotationSandboxMemory = "io.kubernetes.cri.sandbox-memory"
+	"github.com/bulkhead-runtime/bulkhead/runtime/specinput"
 )
 
 // Pipeline steps, in order (FailAtEnv takes one of these).
@@ -184,79 +176,15 @@ func Open(ctx context.Context, cfg config.Config) (*node.Node, *policy.Engine, e
 // Stage is how long one stage of a sandbox's create took.
 type Stage = starttrace.Stage
 
-// Input builds the policy input for a sandbox.
-func (p *Pipeline) Input(sb *node.Sandbox, spec *specs.Spec) (policy.Input, error) {
-	in := policy.Input{
-		Version:   policy.ContractVersion,
-		Kind:      policy.KindSandbox,
-		Namespace: sb.Namespace,
-		Pod: policy.Pod{
-			Name: sb.Name, UID: sb.UID, Annotations: sb.Annotations, RuntimeHandler: sb.Handler,
-		},
-	}
-	// The node judges what will run, whatever the webhook saw: host
-	// namespaces and sysctls from the sandbox's spec, and the sandbox
-	// container itself when it asks the host for anything.
-	in.Pod.HostNetwork, in.Pod.HostPID, in.Pod.HostIPC = hostNamespaces(spec)
-	if spec.Linux != nil && len(spec.Linux.Sysctl) > 0 {
-		in.Pod.Sysctls = spec.Linux.Sysctl
-	}
-	if c, _ := containerOf(sandboxContainerName, spec, podFilesOf(p.node.Config(), sb, ""), nil); asksHost(c) {
-		in.Pod.Containers = []policy.Container{c}
-	}
-	if v := spec.Annotations[AnnotationSandboxMemory]; v != "" {
-		mem, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || mem < 0 {
-			return in, fmt.Errorf("annotation %s: %q is not a byte count", AnnotationSandboxMemory, v)
-		}
-		in.Request.MemoryBytes = mem
-	}
-	ann, err := policy.ParseAnnotations(sb.Annotations)
-	if err != nil {
-		return in, err
-	}
-	switch {
-	case ann.Profile != "":
-		count := ann.Count
-		if count == 0 {
-			count = 1
-		}
-		in.Request.GPU = &policy.GPURequest{Profile: ann.Profile, Count: count}
-	case ann.Count != 0:
-		return in, fmt.Errorf("annotation %s: needs %s", policy.AnnotationGPUCount, policy.AnnotationGPUProfile)
-	}
-	in.Request.RDMA = ann.RDMA
-	return in, nil
+// podOf is the pod of sandbox sb as specinput reads it.
+func podOf(sb *node.Sandbox) specinput.Pod {
+	return specinput.Pod{SandboxID: sb.ID, Namespace: sb.Namespace, Name: sb.Name, UID: sb.UID,
+		Handler: sb.Handler, Annotations: sb.Annotations, NetNS: sb.NetNS}
 }
 
-// sandboxContainerName names the sandbox (pause) container in the policy input.
-const sandboxContainerName = "sandbox"
-
-// ContainerInput builds the policy input for creating container id in the
-// admitted sandbox sb: the pod's identity and host namespaces and what this
-// container asks of the host. Quotas and GPUs were settled at sandbox
-// create, so request and usage stay empty.
-func (p *Pipeline) ContainerInput(sb *node.Sandbox, a *Admission, id string, spec *specs.Spec) policy.Input {
-	name := containerName(id, spec)
-	in := policy.Input{
-		Version:   policy.ContractVersion,
-		Kind:      policy.KindContainer,
-		Namespace: sb.Namespace,
-		Pod: policy.Pod{
-			Name: sb.Name, UID: sb.UID, Annotations: sb.Annotations, RuntimeHandler: sb.Handler,
-			HostNetwork: sb.NetNS == "",
-		},
-	}
-	network, pid, ipc := hostNamespaces(spec)
-	in.Pod.HostNetwork = in.Pod.HostNetwork || network
-	in.Pod.HostPID, in.Pod.HostIPC = pid, ipc
-	if spec.Linux != nil && len(spec.Linux.Sysctl) > 0 {
-		in.Pod.Sysctls = spec.Linux.Sysctl
-	}
-	granted := p.RDMAGrant(a, sb).Devices
-	c, volumes := containerOf(name, spec, podFilesOf(p.node.Config(), sb, id), granted)
-	in.Pod.Containers, in.Pod.Volumes = []policy.Container{c}, volumes
-	return in
+// dirsOf are the node's directories of cfg, where a pod's own files live.
+func dirsOf(cfg config.Config) specinput.Dirs {
+	return specinput.Dirs{KubeletRoot: cfg.KubeletRoot, ContainerdRoot: cfg.ContainerdRoot, ContainerdState: cfg.ContainerdState}
 }
 
 // AdmitContainer asks the policy whether container id may be created in
@@ -269,7 +197,8 @@ func (p *Pipeline) ContainerInput(sb *node.Sandbox, a *Admission, id string, spe
 // took its interfaces once, when it started, so one added later carries
 // nothing of it.
 func (p *Pipeline) AdmitContainer(ctx context.Context, sb *node.Sandbox, a *Admission, id string, spec *specs.Spec) error {
-	d, err := p.decider.Decide(ctx, p.ContainerInput(sb, a, id, spec))
+	in := specinput.Container(podOf(sb), id, spec, dirsOf(p.node.Config()), p.RDMAGrant(a, sb).Devices)
+	d, err := p.decider.Decide(ctx, in)
 	if err != nil || !d.Allow {
 		return refusal(sb, d, err)
 	}

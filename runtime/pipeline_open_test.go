@@ -2,13 +2,13 @@ package runtime
 
 import (
 	"context"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/runtime/internal/starttrace"
 	testnode "github.com/bulkhead-runtime/bulkhead/test/node"
 )

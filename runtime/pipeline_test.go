@@ -7,8 +7,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
-	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +16,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 

@@ -13,6 +13,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/policy"
 	"github.com/bulkhead-runtime/bulkhead/runtime/internal/starttrace"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
+	"github.com/bulkhead-runtime/bulkhead/runtime/specinput"
 )
 
 // Admission is what Place admitted for a pod: the decision it was admitted
@@ -65,7 +66,7 @@ func (p *Pipeline) Place(ctx context.Context, sb *node.Sandbox, spec *specs.Spec
 	var in policy.Input
 	decide := step{name: StepDecide, do: func(ctx context.Context) error {
 		var err error
-		if in, err = p.Input(sb, spec); err != nil {
+		if in, err = specinput.Sandbox(podOf(sb), spec, dirsOf(p.node.Config())); err != nil {
 			return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Reasons: []policy.Reason{{Rule: "input.annotations", Message: err.Error()}}}
 		}
 		a.Input = in

@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
-	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,8 +18,11 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/internal/atomicfile"
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"github.com/bulkhead-runtime/bulkhead/runtime/internal/starttrace"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
+	"github.com/bulkhead-runtime/bulkhead/runtime/specinput"
 )
 
 // RequestAnnotationPrefix marks pod annotations that are requests to
@@ -247,16 +248,7 @@ func (p *Pod) createContainer(ctx context.Context, id, bundle string, spec *spec
 // containerLimits is what the pod's record keeps of container id's
 // resources, from its OCI spec.
 func containerLimits(id string, spec *specs.Spec) node.ContainerLimits {
-	return node.ContainerLimits{Name: containerName(id, spec), MemoryBytes: memoryLimit(spec)}
-}
-
-// containerName is container id's name in its pod, as containerd's CRI
-// writes it into the spec; the id outside the CRI.
-func containerName(id string, spec *specs.Spec) string {
-	if name := spec.Annotations[cri.AnnotationContainerName]; name != "" {
-		return name
-	}
-	return id
+	return node.ContainerLimits{Name: specinput.ContainerName(id, spec), MemoryBytes: specinput.MemoryLimit(spec)}
 }
 
 // saveRecord rewrites the pod's record; a failure only costs GC precision.

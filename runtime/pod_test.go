@@ -4,9 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
-	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,7 +11,11 @@ import (
 	"strings"
 	"testing"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
@@ -163,7 +164,7 @@ func TestResumePodServesWhatAnotherAgentAdmitted(t *testing.T) {
 	}
 	dir := t.TempDir()
 	_, spec := sandboxSpec("research", "resumed", map[string]string{policy.AnnotationGPUProfile: "1g.18gb"})
-	spec.Annotations[AnnotationSandboxMemory] = "1073741824"
+	spec.Annotations[cri.AnnotationSandboxMemory] = "1073741824"
 	sandbox := filepath.Join(dir, "sb")
 	if err := os.MkdirAll(sandbox, 0o755); err != nil {
 		t.Fatal(err)

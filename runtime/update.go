@@ -2,19 +2,16 @@ package runtime
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/log"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
+	"github.com/bulkhead-runtime/bulkhead/runtime/specinput"
 )
 
 // Resource updates. containerd's CRI UpdateContainerResources (the
@@ -30,59 +27,6 @@ import (
 // OCI linux.resources the runtimes read: nothing can be judged, so nothing
 // is changed.
 const RuleResourcesInvalid = "input.resources"
-
-// linuxResourcesType ends the type URL containerd gives specs.LinuxResources
-// ("types.containerd.io/opencontainers/runtime-spec/1/LinuxResources"); the
-// Any's value is its JSON, which runc's and gVisor's task services decode.
-const linuxResourcesType = "/LinuxResources"
-
-// DecodeResources reads a task update's resources the way runc's and
-// gVisor's task services do: JSON of specs.LinuxResources.
-func DecodeResources(a *anypb.Any) (*specs.LinuxResources, error) {
-	if a == nil {
-		return nil, errors.New("resources: missing (a task update carries the container's linux.resources)")
-	}
-	if !strings.HasSuffix(a.GetTypeUrl(), linuxResourcesType) {
-		return nil, fmt.Errorf("resources: type %q is not the OCI LinuxResources", a.GetTypeUrl())
-	}
-	var r specs.LinuxResources
-	if err := json.Unmarshal(a.GetValue(), &r); err != nil {
-		return nil, fmt.Errorf("resources: %w", err)
-	}
-	return &r, nil
-}
-
-// memoryAfter is a container's memory limit (0: none) once r is applied to
-// it while its limit is old. runc and runsc leave a limit that r does not
-// set (memory or its limit absent, or 0) as it is, and lift it for a
-// negative one (-1: unbounded). On cgroup v2 runc writes r.Unified's files
-// last, so a "memory.max" there is the limit whatever memory.limit says:
-// a plain byte count is read as one, anything else ("max", a suffix, a
-// second line) as none (cgroup v1 refuses unified entries altogether).
-func memoryAfter(old int64, r *specs.LinuxResources) int64 {
-	if r == nil {
-		return old
-	}
-	if v, ok := r.Unified[unifiedMemoryMax]; ok {
-		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n > 0 {
-			return n
-		}
-		return 0
-	}
-	switch {
-	case r.Memory == nil || r.Memory.Limit == nil || *r.Memory.Limit == 0:
-		return old
-	case *r.Memory.Limit < 0:
-		return 0
-	default:
-		return *r.Memory.Limit
-	}
-}
-
-// unifiedMemoryMax is cgroup v2's memory limit file, as a key of
-// linux.resources.unified (which CRI's LinuxContainerResources.unified
-// fills).
-const unifiedMemoryMax = "memory.max"
 
 // chargeAfter is the pod's memory charge once container id's memory limit
 // is limit (0: none), given the pod's charge and its live containers'
@@ -246,12 +190,12 @@ func (p *Pod) Update(ctx context.Context, id string, resources *anypb.Any, updat
 	if !live {
 		return fmt.Errorf("container %s: update: not a live container of sandbox %s", id, p.sandbox.ID)
 	}
-	r, err := DecodeResources(resources)
+	r, err := specinput.DecodeResources(resources)
 	if err != nil {
 		return fmt.Errorf("container %s: update: %w", id, &RefusedError{Namespace: p.sandbox.Namespace, Pod: p.sandbox.Name, Tenant: p.sandbox.Tenant,
 			Reasons: []policy.Reason{{Rule: RuleResourcesInvalid, Message: err.Error()}}})
 	}
-	limit := memoryAfter(old.MemoryBytes, r)
+	limit := specinput.MemoryAfter(old.MemoryBytes, r)
 	ch := ResourceChange{Container: id, Name: old.Name, MemoryBytes: limit,
 		Charge: chargeAfter(p.admission.Reservation.MemoryBytes, p.sandbox.Limits, id, limit)}
 	if err := p.pipeline.Recharge(ctx, p.sandbox, p.admission, ch, update); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,53 +14,12 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 	testnode "github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
 const gi = int64(1) << 30
-
-func TestMemoryAfter(t *testing.T) {
-	limit := func(v int64) *specs.LinuxResources {
-		return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &v}}
-	}
-	tests := []struct {
-		name string
-		old  int64
-		r    *specs.LinuxResources
-		want int64
-	}{
-		{name: "raise", old: 2 * gi, r: limit(6 * gi), want: 6 * gi},
-		{name: "lower", old: 2 * gi, r: limit(gi), want: gi},
-		{name: "set on an unbounded container", old: 0, r: limit(gi), want: gi},
-		{name: "lift (-1)", old: 2 * gi, r: limit(-1), want: 0},
-		{name: "lift (any negative)", old: 2 * gi, r: limit(-5), want: 0},
-		{name: "0 leaves the limit", old: 2 * gi, r: limit(0), want: 2 * gi},
-		{name: "no limit leaves it", old: 2 * gi, r: &specs.LinuxResources{Memory: &specs.LinuxMemory{}}, want: 2 * gi},
-		{name: "CPU only leaves it", old: 2 * gi, r: &specs.LinuxResources{CPU: &specs.LinuxCPU{}}, want: 2 * gi},
-		{name: "CPU only leaves none", old: 0, r: &specs.LinuxResources{CPU: &specs.LinuxCPU{}}, want: 0},
-		{name: "unified memory.max lifts past memory.limit", old: 2 * gi, r: withUnified(limit(2*gi), "max"), want: 0},
-		{name: "unified memory.max bytes", old: 2 * gi, r: withUnified(limit(2*gi), "4294967296"), want: 4 * gi},
-		{name: "unified memory.max alone", old: 2 * gi, r: withUnified(&specs.LinuxResources{}, "1073741824\n"), want: gi},
-		{name: "unified memory.max with a suffix is none", old: 2 * gi, r: withUnified(nil, "1G"), want: 0},
-		{name: "unified memory.max on two lines is none", old: 2 * gi, r: withUnified(nil, "1073741824\nmax"), want: 0},
-		{name: "unified without memory.max", old: 2 * gi, r: &specs.LinuxResources{Unified: map[string]string{"memory.high": "max"}}, want: 2 * gi},
-	}
-	for _, tt := range tests {
-		if got := memoryAfter(tt.old, tt.r); got != tt.want {
-			t.Errorf("%s: memoryAfter(%d) = %d, want %d", tt.name, tt.old, got, tt.want)
-		}
-	}
-}
-
-// withUnified is r (or empty resources) with unified memory.max set to v.
-func withUnified(r *specs.LinuxResources, v string) *specs.LinuxResources {
-	if r == nil {
-		r = &specs.LinuxResources{}
-	}
-	r.Unified = map[string]string{"memory.max": v}
-	return r
-}
 
 func TestChargeAfter(t *testing.T) {
 	live := map[string]node.ContainerLimits{"sb": {}, "a": {MemoryBytes: 2 * gi}, "b": {MemoryBytes: 3 * gi}}
@@ -103,27 +61,6 @@ func memoryResources(limit int64) *specs.LinuxResources {
 	return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}, CPU: &specs.LinuxCPU{}}
 }
 
-func TestDecodeResources(t *testing.T) {
-	good := resourcesAny(t, memoryResources(gi))
-	if r, err := DecodeResources(good); err != nil || *r.Memory.Limit != gi {
-		t.Fatalf("DecodeResources(1Gi) = %+v, %v", r, err)
-	}
-	for _, tt := range []struct {
-		name string
-		a    *anypb.Any
-		want string
-	}{
-		{"missing", nil, "resources: missing"},
-		{"windows", &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/WindowsResources", Value: good.Value}, "WindowsResources"},
-		{"not json", &anypb.Any{TypeUrl: good.TypeUrl, Value: []byte("\x0a\x01")}, "resources: invalid character"},
-		{"limit not a number", &anypb.Any{TypeUrl: good.TypeUrl, Value: []byte(`{"memory":{"limit":"64Gi"}}`)}, "resources: json: cannot unmarshal string"},
-	} {
-		if _, err := DecodeResources(tt.a); err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("%s: DecodeResources = %v, want an error with %q", tt.name, err, tt.want)
-		}
-	}
-}
-
 // updatePod is a pod of tenant agents (untrusted, memory quota 8Gi in
 // testTenants) placed through the real pipeline on the default bundle,
 // admitted with sandbox memory total, with one workload container "app"
@@ -143,7 +80,7 @@ func newUpdatePod(t testing.TB, pl *Pipeline, name string, total, app int64) *up
 	up := &updatePod{Pod: p, dir: t.TempDir()}
 	ann := map[string]string{}
 	if total > 0 {
-		ann[AnnotationSandboxMemory] = strconv.FormatInt(total, 10)
+		ann[cri.AnnotationSandboxMemory] = strconv.FormatInt(total, 10)
 	}
 	_, spec := sandboxSpec("agents", name, ann)
 	if err := up.create(name, spec); err != nil {

@@ -53,8 +53,9 @@ func TestShimLinksNoPolicyFenceOrGPU(t *testing.T) {
 		}
 	}
 	for _, pkg := range []string{
-		"github.com/bulkhead-runtime/bulkhead/runtime",      // the pipeline
-		"github.com/bulkhead-runtime/bulkhead/runtime/node", // what outlives a pod
+		"github.com/bulkhead-runtime/bulkhead/runtime",           // the pipeline
+		"github.com/bulkhead-runtime/bulkhead/runtime/node",      // what outlives a pod
+		"github.com/bulkhead-runtime/bulkhead/runtime/specinput", // spec to policy input
 	} {
 		if slices.Contains(ours, pkg) {
 			t.Errorf("containerd-shim-bulkhead-runc-v1 links %s, the node agent's; want only runtime/shim", pkg)

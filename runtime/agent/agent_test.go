@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
-	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
@@ -100,7 +99,7 @@ func sandboxBundle(t *testing.T, ns, name string) string {
 	t.Helper()
 	spec := &specs.Spec{Annotations: map[string]string{
 		cri.AnnotationContainerType: cri.ContainerTypeSandbox, cri.AnnotationSandboxNamespace: ns, cri.AnnotationSandboxName: name,
-		runtime.AnnotationSandboxMemory: "1073741824",
+		cri.AnnotationSandboxMemory: "1073741824",
 	}, Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
 		{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.NetworkNamespace},
 	}}}

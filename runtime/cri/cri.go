@@ -13,6 +13,10 @@ const (
 	AnnotationContainerName    = "io.kubernetes.cri.container-name"
 	AnnotationImageName        = "io.kubernetes.cri.image-name"
 	AnnotationRuntimeHandler   = "io.containerd.cri.runtime-handler"
+	// AnnotationSandboxMemory is the pod's total memory limit, on the
+	// sandbox's spec: the sum of its containers' limits, where one without
+	// a limit counts 0.
+	AnnotationSandboxMemory = "io.kubernetes.cri.sandbox-memory"
 	// ContainerTypeSandbox is AnnotationContainerType's value on a pod's
 	// sandbox (pause) container.
 	ContainerTypeSandbox = "sandbox"

@@ -1,10 +1,7 @@
-package runtime
+package specinput
 
 import (
 	"fmt"
-	"github.com/bulkhead-runtime/bulkhead/internal/fspath"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
-	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"io/fs"
 	"path/filepath"
 	"slices"
@@ -15,9 +12,10 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/bulkhead-runtime/bulkhead/internal/fspath"
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
-	"github.com/bulkhead-runtime/bulkhead/runtime/node"
+	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 )
 
 // hostShm is the host's POSIX shared memory, which containerd binds into a
@@ -37,6 +35,10 @@ var defaultCapabilities = []string{
 	"CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
+// DefaultCapabilities is the capability set containerd gives every
+// container: a container asks the host for none of these.
+func DefaultCapabilities() []string { return slices.Clone(defaultCapabilities) }
+
 // podFiles says which host paths are a pod's own: the files the kubelet and
 // containerd made for it (volumes, service account token, /etc/hosts,
 // termination log, resolv.conf, hostname, /dev/shm, image volumes). Every
@@ -44,7 +46,7 @@ var defaultCapabilities = []string{
 // are judged by their type (volumeOf).
 type podFiles struct {
 	// KubeletRoot, ContainerdRoot and ContainerdState are the node's
-	// directories (config.Config keys kubelet_root, containerd_root, containerd_state).
+	// directories (Dirs).
 	KubeletRoot, ContainerdRoot, ContainerdState string
 	// PodUID is the pod's Kubernetes UID; empty outside Kubernetes.
 	PodUID string
@@ -56,10 +58,12 @@ type podFiles struct {
 	resolve func(path string) (string, error)
 }
 
-func podFilesOf(c config.Config, sb *node.Sandbox, containerID string) podFiles {
+// podFilesOf are the own files of pod on a node with dirs, with those of
+// container containerID ("" at the sandbox's create).
+func podFilesOf(dirs Dirs, pod Pod, containerID string) podFiles {
 	return podFiles{
-		KubeletRoot: c.KubeletRoot, ContainerdRoot: c.ContainerdRoot, ContainerdState: c.ContainerdState,
-		PodUID: sb.UID, SandboxID: sb.ID, ContainerID: containerID,
+		KubeletRoot: dirs.KubeletRoot, ContainerdRoot: dirs.ContainerdRoot, ContainerdState: dirs.ContainerdState,
+		PodUID: pod.UID, SandboxID: pod.SandboxID, ContainerID: containerID,
 	}
 }
 
@@ -207,7 +211,7 @@ func containerOf(name string, spec *specs.Spec, files podFiles, granted []string
 			}
 		}
 	}
-	c.MemoryBytes = memoryLimit(spec)
+	c.MemoryBytes = MemoryLimit(spec)
 	if spec.Process != nil && spec.Process.Capabilities != nil {
 		caps := spec.Process.Capabilities
 		seen := map[string]bool{}
@@ -232,18 +236,18 @@ func containerOf(name string, spec *specs.Spec, files podFiles, granted []string
 	return c, volumes
 }
 
-// memoryLimit is the container's memory limit in bytes, 0 for none: the
+// MemoryLimit is the container's memory limit in bytes, 0 for none: the
 // kubelet passes a container without a limit as 0 and containerd then
 // leaves linux.resources.memory.limit unset (a negative value, OCI's
 // "unlimited", is none too). The sandbox's io.kubernetes.cri.sandbox-memory
 // is the sum of the limits, where such a container counts 0, so only the
 // container's own spec shows that it is unbounded. A unified memory.max
-// (cgroup v2) overrides the limit, as runc writes it last (memoryAfter).
-func memoryLimit(spec *specs.Spec) int64 {
+// (cgroup v2) overrides the limit, as runc writes it last (MemoryAfter).
+func MemoryLimit(spec *specs.Spec) int64 {
 	if spec.Linux == nil {
 		return 0
 	}
-	return memoryAfter(0, spec.Linux.Resources)
+	return MemoryAfter(0, spec.Linux.Resources)
 }
 
 // kubeletVolumePlugin is one of the kubelet's in-tree volume plugins, as
