@@ -16,19 +16,6 @@ import (
 // "gpu1 3g.71gb start 4 size 4 (tenant training, owner <sandbox>)".
 const AnnotationGPUPlacement = "bulkhead.dev/gpu-placement"
 
-// allocatorOptions are the allocator's options for this node. On real
-// GPUs (mig.backend = "nvml") the allocator is strict: a whole GPU only
-// from a GPU whose MIG mode is off, since CUDA sees no device on a
-// MIG-enabled GPU without MIG capabilities. The mock's GPUs are all in MIG
-// mode, so a simulated node stays lenient to exercise gVisor's whole-GPU
-// fallback.
-func (p *Pipeline) allocatorOptions() []mig.Option {
-	if p.node.Config().MIG.Backend == "nvml" {
-		return []mig.Option{mig.WithStrictMIGMode()}
-	}
-	return nil
-}
-
 // setupGPU creates the MIG instance of a slice, writes the pod's CDI spec
 // and injects the devices. The instance is recorded in the ledger before
 // anything refers to it, so that a failure later is undone by releasing

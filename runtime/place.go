@@ -9,12 +9,23 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
 	"github.com/bulkhead-runtime/bulkhead/runtime/internal/starttrace"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
-	"github.com/bulkhead-runtime/bulkhead/runtime/specinput"
 )
+
+// Pipeline steps, in order (FailAtEnv takes one of these).
+const (
+	StepDecide  = "decide"
+	StepReserve = "reserve"
+	StepGPU     = "gpu"
+	StepSandbox = "sandbox"
+	StepFence   = "fence"
+	StepActive  = "activate"
+)
+
+// Steps lists the pipeline's steps in order.
+var Steps = []string{StepDecide, StepReserve, StepGPU, StepSandbox, StepFence, StepActive}
 
 // Admission is what Place admitted for a pod: the decision it was admitted
 // under and what it holds. The shim keeps it for the pod's later
@@ -63,17 +74,11 @@ func (p *Pipeline) Place(ctx context.Context, sb *node.Sandbox, spec *specs.Spec
 		return nil, err
 	}
 	a := &Admission{}
-	var in policy.Input
 	decide := step{name: StepDecide, do: func(ctx context.Context) error {
-		var err error
-		if in, err = specinput.Sandbox(podOf(sb), spec, dirsOf(p.node.Config())); err != nil {
-			return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Reasons: []policy.Reason{{Rule: "input.annotations", Message: err.Error()}}}
-		}
-		a.Input = in
-		return p.fail(StepDecide)
+		return p.decide(sb, spec, a)
 	}}
 	reserve := step{name: StepReserve, do: func(ctx context.Context) error {
-		return p.reserve(ctx, sb, in, a)
+		return p.reserve(ctx, sb, a.Input, a)
 	}, undo: func(ctx context.Context) error {
 		return p.node.Release(ctx, sb.ID)
 	}}
@@ -81,18 +86,7 @@ func (p *Pipeline) Place(ctx context.Context, sb *node.Sandbox, spec *specs.Spec
 		return p.setupGPU(ctx, a.Reservation, spec)
 	}}
 	sandbox := step{name: StepSandbox, do: func(ctx context.Context) error {
-		// The spec as the decision shapes it: the GPU injected (gpu
-		// step), RDMA devices the tenant was not granted removed.
-		if err := rdma.SpecOpt(p.RDMAGrant(a, sb))(spec); err != nil {
-			return err
-		}
-		if err := writeSpecIfChanged(sb.Bundle, read, spec); err != nil {
-			return err
-		}
-		if err := p.fail(StepSandbox); err != nil {
-			return err
-		}
-		return task.Create(ctx)
+		return p.startSandbox(ctx, sb, a, spec, read, task)
 	}, undo: task.Delete}
 	fence := step{name: StepFence, do: func(ctx context.Context) error {
 		return p.fencePod(ctx, sb, a)
@@ -166,11 +160,4 @@ func runStage(ctx context.Context, stage []step) (ok []step, err error) {
 		}
 	}
 	return ok, err
-}
-
-// isRefusal reports whether err is the policy's refusal (returned as it is,
-// so the user reads the rules, not the step).
-func isRefusal(err error) bool {
-	_, refused := err.(*RefusedError)
-	return refused
 }

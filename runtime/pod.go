@@ -1,21 +1,19 @@
 package runtime
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/bulkhead-runtime/bulkhead/internal/atomicfile"
 	"github.com/bulkhead-runtime/bulkhead/netpol/rdma"
 	"github.com/bulkhead-runtime/bulkhead/policy"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
@@ -381,35 +379,60 @@ func SandboxFromSpec(id, bundle string, spec *specs.Spec) *node.Sandbox {
 	return sb
 }
 
-// encodeSpec is the spec as Bulkhead would write it, to compare before and
-// after a change.
-func encodeSpec(spec *specs.Spec) ([]byte, error) { return json.Marshal(spec) }
+// RuleResourcesInvalid refuses a task update whose resources are not the
+// OCI linux.resources the runtimes read: nothing can be judged, so nothing
+// is changed.
+const RuleResourcesInvalid = "input.resources"
 
-// writeSpecIfChanged rewrites the bundle's config.json when spec no longer
-// encodes to read: a rewrite goes through our copy of the spec types and
-// must not happen for nothing.
-func writeSpecIfChanged(bundle string, read []byte, spec *specs.Spec) error {
-	now, err := encodeSpec(spec)
+// Update judges an update of container id's resources (a task Update),
+// then calls update to let the task service apply them. A refused update
+// reaches containerd (and crictl, and the kubelet's resize status) as
+// "container ID: update: bulkhead refused pod NS/NAME (tenant T): [rule.id]
+// message" and leaves the container and the pod's charge as they were.
+func (p *Pod) Update(ctx context.Context, id string, resources *anypb.Any, update func() error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sandbox == nil {
+		return fmt.Errorf("container %s: update: no sandbox in this shim yet", id)
+	}
+	if p.pipeline == nil {
+		// The pipeline is off: nothing is charged, nothing is judged.
+		return update()
+	}
+	old, live := p.sandbox.Limits[id]
+	if !live {
+		return fmt.Errorf("container %s: update: not a live container of sandbox %s", id, p.sandbox.ID)
+	}
+	r, err := specinput.DecodeResources(resources)
 	if err != nil {
-		return err
+		return fmt.Errorf("container %s: update: %w", id, &RefusedError{Namespace: p.sandbox.Namespace, Pod: p.sandbox.Name, Tenant: p.sandbox.Tenant,
+			Reasons: []policy.Reason{{Rule: RuleResourcesInvalid, Message: err.Error()}}})
 	}
-	if bytes.Equal(read, now) {
-		return nil
+	limit := specinput.MemoryAfter(old.MemoryBytes, r)
+	ch := ResourceChange{Container: id, Name: old.Name, MemoryBytes: limit,
+		Charge: chargeAfter(p.admission.Reservation.MemoryBytes, p.sandbox.Limits, id, limit)}
+	if err := p.pipeline.Recharge(ctx, p.sandbox, p.admission, ch, update); err != nil {
+		log.G(ctx).WithError(err).Warnf("container %s: update refused or failed", id)
+		return fmt.Errorf("container %s: update: %w", id, err)
 	}
-	return atomicfile.Write(filepath.Join(bundle, "config.json"), now, 0o644)
+	log.G(ctx).Infof("container %s: memory limit %d bytes, pod %s/%s charged %d bytes", id, limit, p.sandbox.Namespace, p.sandbox.Name, ch.Charge)
+	p.sandbox.Limits[id] = node.ContainerLimits{Name: old.Name, MemoryBytes: limit}
+	p.saveRecord(ctx)
+	return nil
 }
 
-func readSpec(bundle string) (*specs.Spec, error) {
-	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+// UpdateTask is Update as a shim's task service serves it: update is the
+// runtime's own task Update, called only once the change is judged, and
+// its answer is what the shim returns.
+func (p *Pod) UpdateTask(ctx context.Context, id string, resources *anypb.Any, update func() (*ptypes.Empty, error)) (*ptypes.Empty, error) {
+	var resp *ptypes.Empty
+	err := p.Update(ctx, id, resources, func() error {
+		var err error
+		resp, err = update()
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("read OCI spec: %w", err)
+		return nil, err
 	}
-	var spec specs.Spec
-	if err := json.Unmarshal(data, &spec); err != nil {
-		return nil, fmt.Errorf("decode OCI spec: %w", err)
-	}
-	if spec.Annotations == nil {
-		spec.Annotations = map[string]string{}
-	}
-	return &spec, nil
+	return resp, nil
 }

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 
-	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	"github.com/containerd/log"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
-	"github.com/bulkhead-runtime/bulkhead/runtime/specinput"
 )
 
 // Resource updates. containerd's CRI UpdateContainerResources (the
@@ -22,11 +19,6 @@ import (
 // the tier and the ledger: the pod's memory charge (Reservation.MemoryBytes)
 // is always at least the sum of its live containers' memory limits, and a
 // change that would raise it is the pod admitted again at its new size.
-
-// RuleResourcesInvalid refuses a task update whose resources are not the
-// OCI linux.resources the runtimes read: nothing can be judged, so nothing
-// is changed.
-const RuleResourcesInvalid = "input.resources"
 
 // chargeAfter is the pod's memory charge once container id's memory limit
 // is limit (0: none), given the pod's charge and its live containers'
@@ -169,57 +161,4 @@ func (p *Pipeline) changeInput(a *Admission, ch ResourceChange) policy.Input {
 			Containers: []policy.Container{{Name: ch.Name, MemoryBytes: ch.MemoryBytes}},
 		},
 	}
-}
-
-// Update judges an update of container id's resources (a task Update),
-// then calls update to let the task service apply them. A refused update
-// reaches containerd (and crictl, and the kubelet's resize status) as
-// "container ID: update: bulkhead refused pod NS/NAME (tenant T): [rule.id]
-// message" and leaves the container and the pod's charge as they were.
-func (p *Pod) Update(ctx context.Context, id string, resources *anypb.Any, update func() error) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.sandbox == nil {
-		return fmt.Errorf("container %s: update: no sandbox in this shim yet", id)
-	}
-	if p.pipeline == nil {
-		// The pipeline is off: nothing is charged, nothing is judged.
-		return update()
-	}
-	old, live := p.sandbox.Limits[id]
-	if !live {
-		return fmt.Errorf("container %s: update: not a live container of sandbox %s", id, p.sandbox.ID)
-	}
-	r, err := specinput.DecodeResources(resources)
-	if err != nil {
-		return fmt.Errorf("container %s: update: %w", id, &RefusedError{Namespace: p.sandbox.Namespace, Pod: p.sandbox.Name, Tenant: p.sandbox.Tenant,
-			Reasons: []policy.Reason{{Rule: RuleResourcesInvalid, Message: err.Error()}}})
-	}
-	limit := specinput.MemoryAfter(old.MemoryBytes, r)
-	ch := ResourceChange{Container: id, Name: old.Name, MemoryBytes: limit,
-		Charge: chargeAfter(p.admission.Reservation.MemoryBytes, p.sandbox.Limits, id, limit)}
-	if err := p.pipeline.Recharge(ctx, p.sandbox, p.admission, ch, update); err != nil {
-		log.G(ctx).WithError(err).Warnf("container %s: update refused or failed", id)
-		return fmt.Errorf("container %s: update: %w", id, err)
-	}
-	log.G(ctx).Infof("container %s: memory limit %d bytes, pod %s/%s charged %d bytes", id, limit, p.sandbox.Namespace, p.sandbox.Name, ch.Charge)
-	p.sandbox.Limits[id] = node.ContainerLimits{Name: old.Name, MemoryBytes: limit}
-	p.saveRecord(ctx)
-	return nil
-}
-
-// UpdateTask is Update as a shim's task service serves it: update is the
-// runtime's own task Update, called only once the change is judged, and
-// its answer is what the shim returns.
-func (p *Pod) UpdateTask(ctx context.Context, id string, resources *anypb.Any, update func() (*ptypes.Empty, error)) (*ptypes.Empty, error) {
-	var resp *ptypes.Empty
-	err := p.Update(ctx, id, resources, func() error {
-		var err error
-		resp, err = update()
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
 }
