@@ -1,5 +1,9 @@
-// Package runtime is Bulkhead's node runtime: the containerd shims that
-// place every pod of a node, and the node-wide state they share.
+// Package runtime is what one pod goes through on a Bulkhead node: the
+// pipeline that places its sandbox (Pipeline.Place), judges each of its
+// later containers (AdmitContainer) and re-charges it when a container's
+// resources change (Recharge), and the Pod that drives the pipeline for
+// one pod's shim. The node agent (runtime/agent) holds one Pipeline for
+// the node and one Pod per pod.
 //
 // # Invariant
 //
@@ -10,37 +14,51 @@
 // GPU and fence entry from one ledger transaction until its sandbox is
 // deleted or GC finds it dead.
 //
+// # What is where
+//
+// Split by lifetime: what outlives a pod is runtime/node's, what one pod
+// goes through is this package's, and turning a spec into the policy's
+// input is neither's.
+//
+//   - runtime (this package): the Pipeline (a *node.Node and the policy it
+//     asks) with Place's step table (place.go) and each step in a file of
+//     its own — decide.go, reserve.go, gpu.go, sandbox.go, fence.go,
+//     activate.go — then a later container's admission (container.go) and
+//     a resource update's charge (recharge.go); the Pod (pod.go) that
+//     records the sandbox and drives them; RefusedError (refusal.go).
+//   - runtime/node: the node's Node — ledger, sandbox records, GPUs and
+//     their MIG backend, fence — with Release and GC, and the node's status
+//     report (Status, ReadStatus). It decides nothing.
+//   - runtime/specinput: plain functions from a spec (and a task update's
+//     resources) to policy.Input; it imports neither runtime nor
+//     runtime/node.
+//   - runtime/agent serves the shims; runtime/shim, runtime/gvisor and
+//     runtime/runc are the shims' side and link none of the three packages
+//     above (the go list -deps tests of cmd/containerd-shim-bulkhead*-v1
+//     prove it); runtime/agentapi is their protocol, runtime/config the
+//     node's file, runtime/cri containerd's annotations.
+//
 // # One pod's path
 //
 // One shim process serves one pod (containerd routes every container of the
-// pod to it by io.kubernetes.cri.sandbox-id). Two shims share the code, each
-// wrapping its task service around one Pod:
+// pod to it by io.kubernetes.cri.sandbox-id) and asks the agent for
+// everything; the agent runs the pod's Pod, which calls back into the
+// shim's task service (gVisor's, or containerd's runc one) where something
+// must be created or deleted.
 //
-//   - containerd-shim-bulkhead-v1 (handler bulkhead): gVisor's task service
-//     with gvisor.PodExtension (package runtime/gvisor) in front of it;
-//   - containerd-shim-bulkhead-runc-v1 (handler bulkhead-runc): containerd's
-//     runc task service with RuncTask in front of it, for the tiers the
-//     policy lets run on the host kernel.
-//
-// This package imports nothing of gVisor: whatever only the gVisor shim
-// needs (its pod extension, its shim manager, runsc's options) lives in
-// runtime/gvisor, so that the runc shim, executed twice on every pod start,
-// does not link and initialise gVisor's shim library.
-//
-// On the sandbox's create, in order: record (the sandbox's file, before
-// anything exists, so that GC can find a crash); decide (the policy, from
-// the namespace's tenant, the bulkhead.dev/ requests, the host namespaces
-// and sysctls the spec shares, the node's GPUs); reserve (in one bbolt
-// transaction: usage, the decision again with it for quotas, the GPU
-// placement); gpu (a MIG instance on runc, a whole GPU in gVisor, injected
-// into the spec, and a CDI spec for it in mig.cdi_spec_dir); then, at the
-// same time, sandbox (the task service creates it) and fence (the pod's
-// host veth registered in the eBPF maps), both finished before the create
-// returns; activate. A failure at any step unwinds the steps taken, in
-// reverse. The decision must name the runtime the shim runs
-// (runtime.handler_mismatch otherwise). The pipeline itself (ledger, MIG
-// backend, fence, policy engine) and a GC pass begin opening when the shim
-// begins to serve (OpenEarly), before containerd sends the create.
+// On the sandbox's create, in order: record (the sandbox's file in the
+// node's state directory, before anything exists, so that GC can find a
+// crash); decide (the policy input read from the spec: the namespace's
+// tenant, the bulkhead.dev/ requests, the host namespaces and sysctls the
+// spec shares); reserve (in one bbolt transaction: the node's GPUs and the
+// tenant's usage, the policy with them, the GPU placement); gpu (a MIG
+// instance on runc, a whole GPU in gVisor, injected into the spec, and a
+// CDI spec for it in mig.cdi_spec_dir); then, at the same time, sandbox
+// (the task service creates it) and fence (the pod's host veth registered
+// in the eBPF maps), both finished before the create returns; activate. A
+// failure at any step unwinds the steps taken, in reverse. The decision
+// must name the runtime the shim runs (runtime.handler_mismatch
+// otherwise).
 //
 // On every other container's create: the policy again (input kind
 // container) on what that container asks of the host — host bind mounts
@@ -62,10 +80,12 @@
 // eth0 that could carry traffic past the fence (network.unfenced_interface).
 //
 // On the sandbox's delete: fence entry, MIG instance, CDI spec and
-// reservation are released, then the record. What a crash leaves is repaired by GC: every
-// shim runs it when it opens the pipeline, and `bulkhead node gc` on
-// demand. A sandbox is alive while its shim runs or runsc/runc still hold
-// state for it; GC never frees what a live container may use.
+// reservation are released (node.Node.Release), then the record. What a
+// crash leaves is repaired by GC (node.Node.GC): the agent runs it when it
+// starts, every little while and soon after a shim died mid-call, and
+// `bulkhead node gc` on demand. A sandbox is alive while its shim runs or
+// runsc/runc still hold state for it; GC never frees what a live container
+// may use.
 //
 // # Failing closed
 //

@@ -1,9 +1,10 @@
 // Package node holds what outlives a pod on a Bulkhead node: the ledger of
 // what each pod holds (quota, GPU placement, MIG instance, fence entry),
 // the records of its sandboxes, the GPUs with their MIG backend, the fence,
-// and the release and repair (GC) of all of it. One process opens it, the
-// node agent (`bulkhead node gc` and `bulkhead node status` too, on
-// demand); what one pod does while it is placed is package runtime's, which
+// the release and repair (GC) of all of it, and the node's status report
+// (Status). One process opens it, the node agent (`bulkhead node gc` on
+// demand; `bulkhead node status` reads it with ReadStatus when the agent is
+// down); what one pod does while it is placed is package runtime's, which
 // places pods on a Node.
 //
 // # Invariant
@@ -24,8 +25,8 @@
 //     process releases the lock with its file descriptor.
 //  2. A release that fails keeps the reservation, so that a later GC pass
 //     retries it; releasing twice is harmless.
-//  3. Readers of a node (OpenLedgerReadOnly, GPUsReadOnly) create nothing:
-//     they leave the node as they found it.
+//  3. Readers of a node (OpenLedgerReadOnly, GPUsReadOnly, ReadStatus)
+//     create nothing: they leave the node as they found it.
 //  4. The package decides nothing: the policy is asked by package runtime,
 //     and what the node keeps of a decision (Sandbox.Decision, Input) is
 //     only data for the pod's later containers and updates.
