@@ -72,6 +72,9 @@ type Agent struct {
 	// events is nil where the agent does not reach the API server.
 	events *telemetry.Events
 	bundle bundleState
+	// cluster keeps the fence's pods of other nodes; nil where the agent
+	// does not reach the API server. Set by Serve before it serves.
+	cluster *clusterWatch
 }
 
 // Open opens the pipeline cfg names (policy, ledger, GPU backend, fence)
@@ -153,6 +156,7 @@ func (a *Agent) Serve(ctx context.Context, l net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go a.gcLoop(ctx)
+	a.startCluster(ctx)
 	if addr := a.cfg.Agent.MetricsAddress; addr != "" {
 		go func() {
 			if err := a.metrics.Serve(ctx, addr); err != nil {

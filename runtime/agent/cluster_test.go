@@ -1,0 +1,368 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/bulkhead-runtime/bulkhead/netpol"
+)
+
+// recordingFence is the remote-pod part of a fence, in memory: what a
+// netpol.Manager would hold after the same calls. held addresses are
+// refused as a pod of this node's (netpol.ErrAddressHeld).
+type recordingFence struct {
+	mu    sync.Mutex
+	pods  map[netip.Addr]string
+	held  map[netip.Addr]bool
+	calls int
+}
+
+func newRecordingFence() *recordingFence {
+	return &recordingFence{pods: map[netip.Addr]string{}, held: map[netip.Addr]bool{}}
+}
+
+func (f *recordingFence) SetRemote(_ context.Context, pods []netpol.RemotePod) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	clear(f.pods)
+	var err error
+	for _, p := range pods {
+		if f.held[p.Addr] {
+			err = fmt.Errorf("%s: %w", p.Addr, netpol.ErrAddressHeld)
+			continue
+		}
+		f.pods[p.Addr] = p.Tenant
+	}
+	return err
+}
+
+func (f *recordingFence) UpsertRemote(_ context.Context, p netpol.RemotePod) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.held[p.Addr] {
+		return fmt.Errorf("%s: %w", p.Addr, netpol.ErrAddressHeld)
+	}
+	f.pods[p.Addr] = p.Tenant
+	return nil
+}
+
+func (f *recordingFence) DeleteRemote(_ context.Context, a netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	delete(f.pods, a)
+	return nil
+}
+
+func (f *recordingFence) view() map[netip.Addr]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.pods)
+}
+
+// fakeTenants maps namespaces as a policy would; bump makes Refresh
+// report a new policy once.
+type fakeTenants struct {
+	mu      sync.Mutex
+	tenants map[string]string
+	changed atomic.Bool
+}
+
+func (t *fakeTenants) Tenant(_ context.Context, ns string) (string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.tenants[ns], nil
+}
+
+func (t *fakeTenants) Refresh() bool { return t.changed.Swap(false) }
+
+func (t *fakeTenants) set(ns, tenant string) {
+	t.mu.Lock()
+	t.tenants[ns] = tenant
+	t.mu.Unlock()
+	t.changed.Store(true)
+}
+
+const thisNode = "node-a"
+
+// testPod is a pod of namespace ns on node with the given addresses,
+// Running when it has any, else Pending.
+func testPod(ns, name, node string, ips ...string) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name)},
+		Spec:       corev1.PodSpec{NodeName: node},
+		Status:     corev1.PodStatus{Phase: corev1.PodPending},
+	}
+	setIPs(p, ips...)
+	return p
+}
+
+func setIPs(p *corev1.Pod, ips ...string) {
+	p.Status.PodIPs = nil
+	p.Status.PodIP = ""
+	for _, ip := range ips {
+		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+	}
+	if len(ips) > 0 {
+		p.Status.PodIP = ips[0]
+		p.Status.Phase = corev1.PodRunning
+	}
+}
+
+type fence map[string]string
+
+func (want fence) addrs() map[netip.Addr]string {
+	out := map[netip.Addr]string{}
+	for a, t := range want {
+		out[netip.MustParseAddr(a)] = t
+	}
+	return out
+}
+
+// The fence's remote pods follow the API server's pods of other nodes,
+// step by step.
+func TestClusterWatch(t *testing.T) {
+	hostNet := testPod("red", "host-net", "node-b", "192.168.0.2")
+	hostNet.Spec.HostNetwork = true
+	done := testPod("red", "done", "node-b", "10.1.0.8")
+	done.Status.Phase = corev1.PodSucceeded
+	client := fake.NewClientset(
+		testPod("red", "a1", "node-b", "10.1.0.1", "fd01::1"),
+		testPod("red", "own", thisNode, "10.0.0.9"), // the shims register it
+		hostNet,                           // a node address, no tenant's
+		testPod("red", "unscheduled", ""), // no address yet
+		testPod("kube-public", "no-tenant", "node-b", "10.1.0.7"), // a namespace of no tenant
+		done,
+	)
+	watching := make(chan struct{})
+	var once sync.Once
+	client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
+		once.Do(func() { close(watching) })
+		return false, nil, nil
+	})
+	f := newRecordingFence()
+	f.pods[netip.MustParseAddr("10.1.0.50")] = "blue" // left by an earlier agent
+	f.held[netip.MustParseAddr("10.1.0.99")] = true   // a pod of this node has it
+	tenants := &fakeTenants{tenants: map[string]string{"red": "red", "blue": "blue"}}
+	w := newClusterWatch(client, thisNode, f, tenants)
+	if w.Synced() || w.status().Connected {
+		t.Fatal("synced or connected before it ran")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.run(ctx)
+	select {
+	case <-watching:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the informer never watched pods")
+	}
+
+	pods := client.CoreV1().Pods
+	get := func(ns, name string) *corev1.Pod {
+		p, err := pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	update := func(p *corev1.Pod) {
+		if _, err := pods(p.Namespace).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create := func(p *corev1.Pod) {
+		if _, err := pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remove := func(ns, name string) {
+		if err := pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	steps := []struct {
+		name string
+		do   func()
+		want fence
+	}{
+		{
+			name: "first sync: other nodes' pods with addresses, an earlier agent's entries gone",
+			do:   func() {},
+			want: fence{"10.1.0.1": "red", "fd01::1": "red"},
+		},
+		{
+			name: "a pod scheduled without addresses is not known yet",
+			do:   func() { create(testPod("blue", "b1", "node-c")) },
+			want: fence{"10.1.0.1": "red", "fd01::1": "red"},
+		},
+		{
+			name: "its addresses arrive",
+			do:   func() { p := get("blue", "b1"); setIPs(p, "10.1.0.2", "fd01::2"); update(p) },
+			want: fence{"10.1.0.1": "red", "fd01::1": "red", "10.1.0.2": "blue", "fd01::2": "blue"},
+		},
+		{
+			name: "an address changes",
+			do:   func() { p := get("red", "a1"); setIPs(p, "10.1.0.3", "fd01::1"); update(p) },
+			want: fence{"10.1.0.3": "red", "fd01::1": "red", "10.1.0.2": "blue", "fd01::2": "blue"},
+		},
+		{
+			name: "a deleted pod's addresses go",
+			do:   func() { remove("red", "a1") },
+			want: fence{"10.1.0.2": "blue", "fd01::2": "blue"},
+		},
+		{
+			name: "an address two live pods of different tenants claim is nobody's",
+			do:   func() { create(testPod("red", "c1", "node-c", "10.1.0.2")) },
+			want: fence{"fd01::2": "blue"},
+		},
+		{
+			name: "the pod being deleted yields the address to the new one",
+			do: func() {
+				p := get("blue", "b1")
+				now := metav1.Now()
+				p.DeletionTimestamp = &now
+				update(p)
+			},
+			want: fence{"10.1.0.2": "red", "fd01::2": "blue"},
+		},
+		{
+			name: "a failed pod's addresses go",
+			do:   func() { p := get("blue", "b1"); p.Status.Phase = corev1.PodFailed; update(p) },
+			want: fence{"10.1.0.2": "red"},
+		},
+		{
+			name: "the address reused by a pod of the same tenant keeps its tenant",
+			do: func() {
+				remove("blue", "b1")
+				remove("red", "c1")
+				create(testPod("red", "c2", "node-b", "10.1.0.2"))
+			},
+			want: fence{"10.1.0.2": "red"},
+		},
+		{
+			name: "a pod moved onto this node is the shims' to register",
+			do:   func() { p := get("red", "c2"); p.Spec.NodeName = thisNode; update(p) },
+			want: fence{},
+		},
+		{
+			name: "an address held on this node is skipped, the others are kept",
+			do: func() {
+				create(testPod("blue", "b2", "node-b", "10.1.0.99"))
+				create(testPod("blue", "b3", "node-b", "10.1.0.4"))
+			},
+			want: fence{"10.1.0.4": "blue"},
+		},
+		{
+			name: "a new policy moves a namespace to another tenant",
+			do:   func() { tenants.set("blue", "green") },
+			want: fence{"10.1.0.4": "green"},
+		},
+	}
+	for _, s := range steps {
+		s.do()
+		want := s.want.addrs()
+		deadline := time.Now().Add(5 * time.Second)
+		for !maps.Equal(f.view(), want) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := f.view(); !maps.Equal(got, want) {
+			t.Fatalf("%s: fence holds %v, want %v", s.name, got, want)
+		}
+	}
+	st := w.status()
+	if !st.Watching || !st.Synced || !st.Connected || st.LastContact.IsZero() || st.RemoteAddresses != 2 {
+		// 10.1.0.99 counts as applied: the fence refused it, not the watch.
+		t.Errorf("status %+v: want watching, synced, connected, a contact time and 2 addresses", st)
+	}
+}
+
+// Until it has listed the pods, the watch trusts nothing an earlier agent
+// left, and says it has not synced; a lost API server says so too.
+func TestClusterWatchUnsynced(t *testing.T) {
+	client := fake.NewClientset(testPod("red", "a1", "node-b", "10.1.0.1"))
+	failing := atomic.Bool{}
+	failing.Store(true)
+	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, kruntime.Object, error) {
+		if failing.Load() {
+			return true, nil, fmt.Errorf("connection refused")
+		}
+		return false, nil, nil
+	})
+	f := newRecordingFence()
+	f.pods[netip.MustParseAddr("10.1.0.1")] = "blue" // stale: the address was reused
+	w := newClusterWatch(client, thisNode, f, &fakeTenants{tenants: map[string]string{"red": "red"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.run(ctx)
+
+	deadline := time.Now().Add(5 * time.Second)
+	for w.status().LastError == "" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	st := w.status()
+	if st.Synced || st.Connected || st.LastError == "" {
+		t.Errorf("API server unreachable: status %+v, want not synced, not connected, an error", st)
+	}
+	if got := f.view(); len(got) != 0 {
+		t.Errorf("before the first sync the fence holds %v, want nothing", got)
+	}
+
+	failing.Store(false)
+	want := fence{"10.1.0.1": "red"}.addrs()
+	deadline = time.Now().Add(10 * time.Second)
+	for !maps.Equal(f.view(), want) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := f.view(); !maps.Equal(got, want) || !w.Synced() || !w.status().Connected {
+		t.Errorf("after the API server returned: fence %v (want %v), status %+v", got, want, w.status())
+	}
+}
+
+func TestPodAddrs(t *testing.T) {
+	p := testPod("red", "x", "node-b")
+	p.Status.PodIP = "10.0.0.1" // an old kubelet: podIP only
+	if got := podAddrs(p); len(got) != 1 || got[0] != netip.MustParseAddr("10.0.0.1") {
+		t.Errorf("podIP only: %v", got)
+	}
+	setIPs(p, "::ffff:10.0.0.2", "fd00::2", "not-an-ip", "fd00::2")
+	got := podAddrs(p)
+	if len(got) != 2 || got[0] != netip.MustParseAddr("10.0.0.2") || got[1] != netip.MustParseAddr("fd00::2") {
+		t.Errorf("podIPs: %v, want 10.0.0.2 and fd00::2 once each", got)
+	}
+}
+
+func TestOwner(t *testing.T) {
+	for _, tc := range []struct {
+		claims []claim
+		want   string
+	}{
+		{[]claim{{tenant: "red"}}, "red"},
+		{[]claim{{tenant: "red"}, {tenant: "red"}}, "red"},
+		{[]claim{{tenant: "red"}, {tenant: "blue"}}, ""},
+		{[]claim{{tenant: "red", deleting: true}, {tenant: "blue"}}, "blue"},
+		{[]claim{{tenant: "red", deleting: true}, {tenant: "blue", deleting: true}}, ""},
+		{[]claim{{tenant: "red", deleting: true}}, "red"},
+		{[]claim{{tenant: ""}, {tenant: "red"}}, ""},
+	} {
+		if got := owner(tc.claims); got != tc.want {
+			t.Errorf("owner(%+v) = %q, want %q", tc.claims, got, tc.want)
+		}
+	}
+}
