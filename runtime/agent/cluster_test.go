@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
@@ -364,5 +368,69 @@ func TestOwner(t *testing.T) {
 		if got := owner(tc.claims); got != tc.want {
 			t.Errorf("owner(%+v) = %q, want %q", tc.claims, got, tc.want)
 		}
+	}
+}
+
+// The watch keeps a real fence: netpol.Manager on a private bpffs.
+func TestClusterWatchNetpol(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_BPF, CAP_SYS_ADMIN) to mount a bpffs and load the fence")
+	}
+	dir := t.TempDir()
+	pin := filepath.Join(dir, "bpffs")
+	if err := netpol.MountBPFFS(pin); err != nil {
+		t.Skipf("cannot mount a bpf filesystem: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(pin, unix.MNT_DETACH) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m, err := netpol.Open(ctx, netpol.Options{PinDir: filepath.Join(pin, "bulkhead"), LockPath: filepath.Join(dir, "netpol.lock"),
+		Cluster: &netpol.ClusterConfig{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.SetRemote(ctx, []netpol.RemotePod{{Addr: netip.MustParseAddr("10.1.0.1"), Tenant: "blue"}}); err != nil {
+		t.Fatal(err) // an earlier agent's entry, for an address since reused
+	}
+
+	client := fake.NewClientset(testPod("red", "a1", "node-b", "10.1.0.1", "fd01::1"))
+	watching := make(chan struct{})
+	var once sync.Once
+	client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
+		once.Do(func() { close(watching) })
+		return false, nil, nil
+	})
+	w := newClusterWatch(client, thisNode, m, &fakeTenants{tenants: map[string]string{"red": "red"}})
+	go w.run(ctx)
+	select {
+	case <-watching:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the informer never watched pods")
+	}
+	want := []netpol.RemotePod{{Addr: netip.MustParseAddr("10.1.0.1"), Tenant: "red"}, {Addr: netip.MustParseAddr("fd01::1"), Tenant: "red"}}
+	remotes := func() []netpol.RemotePod {
+		got, err := m.RemotePods()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !slices.Equal(remotes(), want) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := remotes(); !slices.Equal(got, want) || !w.Synced() {
+		t.Fatalf("fence holds %+v (synced %v), want %+v", got, w.Synced(), want)
+	}
+	if err := client.CoreV1().Pods("red").Delete(ctx, "a1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for len(remotes()) != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := remotes(); len(got) != 0 {
+		t.Errorf("after the pod was deleted the fence holds %+v", got)
 	}
 }
