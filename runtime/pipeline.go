@@ -23,12 +23,25 @@ type Pipeline struct {
 	// runtime than the sandbox's is refused.
 	runtime string
 	decider policy.Decider
+	// tenants remembers which tenant the policy in force gives each
+	// namespace, so that reserve asks the policy once per pod.
+	tenants *policy.NamespaceTenants
 	failAt  string
 }
 
-// NewPipeline assembles a pipeline that places pods on n as d decides.
+// NewPipeline assembles a pipeline that places pods on n as d decides. A
+// decider that wraps another (an Unwrap method, as the agent's counting
+// one has) has the namespaces' tenants asked of the one it wraps.
 func NewPipeline(n *node.Node, d policy.Decider) *Pipeline {
-	return &Pipeline{node: n, runtime: policy.RuntimeGVisor, decider: d, failAt: failAtFromEnv()}
+	inner := d
+	for {
+		w, ok := inner.(interface{ Unwrap() policy.Decider })
+		if !ok {
+			break
+		}
+		inner = w.Unwrap()
+	}
+	return &Pipeline{node: n, runtime: policy.RuntimeGVisor, decider: d, tenants: policy.NewNamespaceTenants(inner), failAt: failAtFromEnv()}
 }
 
 // OpenPipeline opens the node and the policy engine named by the

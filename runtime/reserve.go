@@ -17,7 +17,11 @@ const RuleRuntimeMismatch = "runtime.handler_mismatch"
 
 // reserve decides with the tenant's usage and reserves: policy, quota and
 // GPU placement happen in one ledger transaction, so concurrent pods of a
-// tenant cannot overrun its quota or double-book a slice.
+// tenant cannot overrun its quota or double-book a slice. The policy is
+// asked once: the usage is that of the tenant the policy in force gives
+// the pod's namespace (asked once per namespace and policy, remembered),
+// and a decision that names another tenant (the policy changed in
+// between) is made again with its own tenant's usage.
 func (p *Pipeline) reserve(ctx context.Context, sb *node.Sandbox, in policy.Input, a *Admission) error {
 	return p.node.Ledger().Update(func(tx *node.LedgerTx) error {
 		if old, err := tx.Get(sb.ID); err != nil {
@@ -30,16 +34,21 @@ func (p *Pipeline) reserve(ctx context.Context, sb *node.Sandbox, in policy.Inpu
 			return err
 		}
 		in.Node = nodeInput(alloc, p.node.GPUs())
-		// Identity first: the tenant comes from the namespace, whatever the
-		// usage; then the tenant's usage decides the quotas.
-		d, err := p.decider.Decide(ctx, in)
-		if err != nil || !d.Allow {
-			return refusal(sb, d, err)
+		tenant, err := p.tenants.Tenant(ctx, sb.Namespace)
+		if err != nil {
+			return refusal(sb, policy.Decision{}, err)
 		}
-		if in.Usage, err = tx.Usage(d.Tenant); err != nil {
+		if in.Usage, err = tx.Usage(tenant); err != nil {
 			return err
 		}
-		if d, err = p.decider.Decide(ctx, in); err != nil || !d.Allow {
+		d, err := p.decider.Decide(ctx, in)
+		if err == nil && d.Tenant != tenant {
+			if in.Usage, err = tx.Usage(d.Tenant); err != nil {
+				return err
+			}
+			d, err = p.decider.Decide(ctx, in)
+		}
+		if err != nil || !d.Allow {
 			return refusal(sb, d, err)
 		}
 		// The policy picks the runtime from the handler; this shim runs

@@ -30,6 +30,10 @@ func (c countingDecider) Decide(ctx context.Context, in policy.Input) (policy.De
 	return d, err
 }
 
+// Unwrap is the decider it counts for: questions that are not a pod's
+// decision (which tenant owns a namespace) go there uncounted.
+func (c countingDecider) Unwrap() policy.Decider { return c.Decider }
+
 // Close closes the engine it counts for.
 func (c countingDecider) Close() error {
 	if cl, ok := c.Decider.(interface{ Close() error }); ok {
