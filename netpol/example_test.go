@@ -2,6 +2,7 @@ package netpol_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net/netip"
@@ -56,6 +57,34 @@ func Example() {
 	fmt.Println(stats.Drops[netpol.ReasonTenant])
 
 	if err := m.Unregister(ctx, "4f1c..."); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// The node agent's use: the pods of other nodes, from the API server, by
+// address and tenant. A full set at the first sync and now and then, single
+// pods as they change; an address not in the set is an unknown cluster
+// address, dropped for every tier.
+func ExampleManager_SetRemote() {
+	ctx := context.Background()
+	m, err := netpol.Open(ctx, netpol.Options{}) // the node's pinned fence
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	err = m.SetRemote(ctx, []netpol.RemotePod{
+		{Addr: netip.MustParseAddr("10.88.1.7"), Tenant: "acme"},
+		{Addr: netip.MustParseAddr("fd00:88:1::7"), Tenant: "acme"},
+	})
+	if err != nil && !errors.Is(err, netpol.ErrAddressHeld) {
+		log.Fatal(err)
+	}
+	// The pod is gone and its address reused by another tenant's pod: one
+	// update, never a moment with the old tenant.
+	if err := m.UpsertRemote(ctx, netpol.RemotePod{Addr: netip.MustParseAddr("10.88.1.7"), Tenant: "globex"}); err != nil {
+		log.Fatal(err)
+	}
+	if err := m.DeleteRemote(ctx, netip.MustParseAddr("fd00:88:1::7")); err != nil {
 		log.Fatal(err)
 	}
 }
