@@ -33,15 +33,21 @@ import (
 //
 //   - Which pods: every pod not on this node (field selector spec.nodeName
 //     and spec.hostNetwork, checked again here), not Succeeded or Failed,
-//     with addresses in status.podIPs, both families. A Pending pod with
-//     addresses is included: its init containers already use the network.
+//     not being deleted, with addresses in status.podIPs, both families. A
+//     Pending pod with addresses is included: its init containers already
+//     use the network.
+//   - A pod being deleted (deletionTimestamp set) loses its addresses at
+//     once, not when it is gone: its node frees them when the pod stops,
+//     which may be before the API server removes the pod, and a new pod may
+//     have one before this node hears of it. Removing them when the deletion
+//     starts closes that window, at the price of the pod's cross-node
+//     traffic during its grace period (unknown addresses: dropped).
 //   - Which tenant: the loaded policy's, asked per namespace
 //     (policy.NamespaceTenants), never a rule restated here. A namespace of
 //     no tenant maps its pods to nothing.
-//   - An address two pods claim (one deleted, its address reused before the
-//     API server removed it) goes to the one not being deleted; if that
-//     leaves pods of different tenants, or none, it maps to nothing: an
-//     address never keeps an old tenant, it is unknown for a moment instead.
+//   - An address two pods claim with different tenants (a lagging status)
+//     maps to nothing: an address never keeps an old tenant, it is unknown
+//     for a moment instead.
 //   - Until the first full list is in the fence, nothing is mapped: the
 //     watch starts by clearing what an earlier agent left (an address may
 //     have been reused while no agent watched). An address the fence does not
@@ -362,16 +368,10 @@ func (w *clusterWatch) apply(ctx context.Context, full bool) error {
 	return nil
 }
 
-// claim is one pod's claim on an address.
-type claim struct {
-	tenant   string
-	deleting bool
-}
-
 // wanted is the set of remote pods the informer's store describes. A pod
 // whose tenant cannot be resolved maps to nothing and makes the error.
 func (w *clusterWatch) wanted(ctx context.Context) (map[netip.Addr]netpol.RemotePod, error) {
-	claims := map[netip.Addr][]claim{}
+	claims := map[netip.Addr][]string{}
 	var errs []error
 	for _, obj := range w.informer.GetStore().List() {
 		pod, ok := obj.(*corev1.Pod)
@@ -388,7 +388,7 @@ func (w *clusterWatch) wanted(ctx context.Context) (map[netip.Addr]netpol.Remote
 			tenant = ""
 		}
 		for _, a := range addrs {
-			claims[a] = append(claims[a], claim{tenant: tenant, deleting: pod.DeletionTimestamp != nil})
+			claims[a] = append(claims[a], tenant)
 		}
 	}
 	want := make(map[netip.Addr]netpol.RemotePod, len(claims))
@@ -400,26 +400,21 @@ func (w *clusterWatch) wanted(ctx context.Context) (map[netip.Addr]netpol.Remote
 	return want, errors.Join(errs...)
 }
 
-// owner is the tenant an address's claims give it: that of the pods not
-// being deleted (of all, if every one is), when they agree; else "".
-func owner(cs []claim) string {
-	live := slices.DeleteFunc(slices.Clone(cs), func(c claim) bool { return c.deleting })
-	if len(live) > 0 {
-		cs = live
-	}
-	t := cs[0].tenant
-	for _, c := range cs[1:] {
-		if c.tenant != t {
+// owner is the tenant of an address the pods of tenants claim: theirs
+// when they agree; else "".
+func owner(tenants []string) string {
+	for _, t := range tenants[1:] {
+		if t != tenants[0] {
 			return ""
 		}
 	}
-	return t
+	return tenants[0]
 }
 
 // remote reports whether pod is one the fence should learn: on another
-// node, in the pod network, not finished.
+// node, in the pod network, not being deleted, not finished.
 func (w *clusterWatch) remote(pod *corev1.Pod) bool {
-	if pod.Spec.NodeName == w.node || pod.Spec.HostNetwork {
+	if pod.Spec.NodeName == w.node || pod.Spec.HostNetwork || pod.DeletionTimestamp != nil {
 		return false
 	}
 	return pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed

@@ -237,18 +237,23 @@ func TestClusterWatch(t *testing.T) {
 			want: fence{"fd01::2": "blue"},
 		},
 		{
-			name: "the pod being deleted yields the address to the new one",
+			name: "a pod being deleted loses its addresses: the other claim wins",
 			do: func() {
 				p := get("blue", "b1")
 				now := metav1.Now()
 				p.DeletionTimestamp = &now
 				update(p)
 			},
-			want: fence{"10.1.0.2": "red", "fd01::2": "blue"},
+			want: fence{"10.1.0.2": "red"},
 		},
 		{
 			name: "a failed pod's addresses go",
-			do:   func() { p := get("blue", "b1"); p.Status.Phase = corev1.PodFailed; update(p) },
+			do: func() {
+				create(testPod("blue", "b4", "node-c", "10.1.0.5"))
+				p := get("blue", "b4")
+				p.Status.Phase = corev1.PodFailed
+				update(p)
+			},
 			want: fence{"10.1.0.2": "red"},
 		},
 		{
@@ -354,19 +359,18 @@ func TestPodAddrs(t *testing.T) {
 
 func TestOwner(t *testing.T) {
 	for _, tc := range []struct {
-		claims []claim
-		want   string
+		tenants []string
+		want    string
 	}{
-		{[]claim{{tenant: "red"}}, "red"},
-		{[]claim{{tenant: "red"}, {tenant: "red"}}, "red"},
-		{[]claim{{tenant: "red"}, {tenant: "blue"}}, ""},
-		{[]claim{{tenant: "red", deleting: true}, {tenant: "blue"}}, "blue"},
-		{[]claim{{tenant: "red", deleting: true}, {tenant: "blue", deleting: true}}, ""},
-		{[]claim{{tenant: "red", deleting: true}}, "red"},
-		{[]claim{{tenant: ""}, {tenant: "red"}}, ""},
+		{[]string{"red"}, "red"},
+		{[]string{"red", "red"}, "red"},
+		{[]string{"red", "blue"}, ""},
+		{[]string{"red", "red", "blue"}, ""},
+		{[]string{"", "red"}, ""},
+		{[]string{""}, ""},
 	} {
-		if got := owner(tc.claims); got != tc.want {
-			t.Errorf("owner(%+v) = %q, want %q", tc.claims, got, tc.want)
+		if got := owner(tc.tenants); got != tc.want {
+			t.Errorf("owner(%q) = %q, want %q", tc.tenants, got, tc.want)
 		}
 	}
 }
