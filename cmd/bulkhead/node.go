@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -21,7 +19,7 @@ import (
 )
 
 func init() {
-	commands["node"] = command{summary: "node state: status (from the agent, or read-only), gc (repairs what crashed shims left)", run: func(args []string) int { return nodeMain(args, os.Stdout, os.Stderr) }}
+	commands["node"] = command{summary: "node state: status (from the agent, or read-only), gc (repairs what crashed shims left)", run: nodeMain}
 }
 
 const nodeUsage = `usage: bulkhead node <subcommand> [flags]
@@ -50,18 +48,11 @@ func nodeMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bulkhead node: unknown subcommand %q\n%s", args[0], nodeUsage)
 		return 2
 	}
-	fs := newFlagSet("node "+args[0], stderr)
+	fs := newFlagSet("node "+args[0], "[--json] [--config PATH]", stderr)
 	cfgPath := fs.String("config", config.Path(), "the node's configuration file")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
-		return 2
+	if rc := parseNoArgs(fs, args[1:], stdout); rc >= 0 {
+		return rc
 	}
 	// Neither subcommand loads the policy or runs runsc: validate only
 	// what they read, so a node's key file is not demanded to look at it.
@@ -253,7 +244,28 @@ func printAgent(w io.Writer, a *node.AgentStatus, now time.Time) {
 		if a.ReloadError != "" {
 			fmt.Fprintf(w, "BUNDLE RELOAD REFUSED: %s\n", a.ReloadError)
 		}
+		fmt.Fprintf(w, "CLUSTER: %s\n", clusterLine(a.Cluster, now))
 	}
+}
+
+// clusterLine says what the agent knows of the other nodes' pods, and what
+// the fence does with an address it does not know.
+func clusterLine(c node.ClusterSync, now time.Time) string {
+	var line string
+	switch {
+	case !c.Watching:
+		line = "not watching the API server (no agent.kubeconfig, no service account): other nodes' pods are unknown cluster addresses, dropped as the tiers say"
+	case !c.Synced:
+		line = "NOT SYNCED with the API server yet: other nodes' pods are unknown cluster addresses, dropped as the tiers say"
+	case !c.Connected:
+		line = fmt.Sprintf("API SERVER LOST (last contact %s ago): %d remote pod addresses kept as last seen, new ones unknown", age(now, c.LastContact), c.RemoteAddresses)
+	default:
+		line = fmt.Sprintf("synced, %d remote pod addresses, last contact %s ago", c.RemoteAddresses, age(now, c.LastContact))
+	}
+	if c.LastError != "" {
+		line += "; last error: " + c.LastError
+	}
+	return line
 }
 
 // age is how long ago t was, to the second.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"maps"
 	"net/netip"
 	"os"
@@ -83,29 +84,9 @@ type tenantResolver interface {
 	Refresh() bool
 }
 
-// ClusterSync is what the agent knows of the other nodes' pods, for the
-// node status.
-type ClusterSync struct {
-	// Watching: the agent reaches an API server and has a fence to keep.
-	// When false, the fence knows no pod of another node: each is an
-	// unknown cluster address.
-	Watching bool `json:"watching"`
-	// Synced: the first full list of pods is in the fence. Until then every
-	// other node's pod is an unknown cluster address.
-	Synced bool `json:"synced"`
-	// Connected: the last list or watch of the API server succeeded. When
-	// false, the fence keeps the pods as last seen and knows no new one.
-	Connected bool `json:"connected"`
-	// LastContact is when the API server last answered a list or watch, or
-	// sent an event.
-	LastContact time.Time `json:"last_contact,omitzero"`
-	// LastApplied is when the fence last matched the agent's view.
-	LastApplied time.Time `json:"last_applied,omitzero"`
-	// RemoteAddresses is how many addresses of other nodes' pods the fence holds.
-	RemoteAddresses int `json:"remote_addresses"`
-	// LastError is the last failure of the watch or of writing the fence.
-	LastError string `json:"last_error,omitempty"`
-}
+// ClusterSync is what the agent knows of the other nodes' pods (the node
+// status reports it).
+type ClusterSync = node.ClusterSync
 
 // clusterWatch keeps the fence's remote pods from a Pod informer.
 type clusterWatch struct {

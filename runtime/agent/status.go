@@ -28,6 +28,7 @@ func (a *Agent) nodeStatus() (*node.Status, error) {
 	a.mu.Lock()
 	as.Pods, as.OpsInFlight = len(a.pods), len(a.ops)
 	a.mu.Unlock()
+	as.Cluster = a.ClusterSync()
 	st.Agent = as
 	return st, nil
 }

@@ -67,6 +67,32 @@ type AgentStatus struct {
 	Pods int `json:"pods"`
 	// OpsInFlight is how many calls wait for a shim's act.
 	OpsInFlight int `json:"ops_in_flight"`
+	// Cluster is what the agent knows of the other nodes' pods.
+	Cluster ClusterSync `json:"cluster"`
+}
+
+// ClusterSync is what the node agent knows of the other nodes' pods, whose
+// addresses the fence maps to their tenants.
+type ClusterSync struct {
+	// Watching: the agent reaches an API server and has a fence to keep.
+	// When false, the fence knows no pod of another node: each is an
+	// unknown cluster address.
+	Watching bool `json:"watching"`
+	// Synced: the first full list of pods is in the fence. Until then every
+	// other node's pod is an unknown cluster address.
+	Synced bool `json:"synced"`
+	// Connected: the last list or watch of the API server succeeded. When
+	// false, the fence keeps the pods as last seen and knows no new one.
+	Connected bool `json:"connected"`
+	// LastContact is when the API server last answered a list or watch, or
+	// sent an event.
+	LastContact time.Time `json:"last_contact,omitzero"`
+	// LastApplied is when the fence last matched the agent's view.
+	LastApplied time.Time `json:"last_applied,omitzero"`
+	// RemoteAddresses is how many addresses of other nodes' pods the fence holds.
+	RemoteAddresses int `json:"remote_addresses"`
+	// LastError is the last failure of the watch or of writing the fence.
+	LastError string `json:"last_error,omitempty"`
 }
 
 // MIGInstance is a MIG instance and the pod holding it.
