@@ -3,7 +3,6 @@ package telemetry
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -11,7 +10,6 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 )
 
@@ -47,20 +45,9 @@ func NewEvents(kubeconfig, node string) (*Events, error) {
 	if node == "" {
 		return nil, errors.New("telemetry: events: node name is empty")
 	}
-	var (
-		cfg *rest.Config
-		err error
-	)
-	switch {
-	case kubeconfig != "":
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
-		cfg, err = rest.InClusterConfig()
-	default:
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: events: kubeconfig %q: %w", kubeconfig, err)
+	cfg, err := RESTConfig(kubeconfig)
+	if err != nil || cfg == nil {
+		return nil, err
 	}
 	cfg = rest.AddUserAgent(cfg, EventComponent)
 	client, err := kubernetes.NewForConfig(cfg)
