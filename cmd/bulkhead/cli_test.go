@@ -81,13 +81,13 @@ func TestCLIErrorsNameFlags(t *testing.T) {
 		notWant string
 	}{
 		{[]string{"policy", "eval", "--bundle", "/nonexistent", "--input", input}, exitError, "--bundle", "Options."},
-		{[]string{"policy", "eval", "--bundle", "../../rego", "--input", input, "--evaluator", "fast"}, exitError, "--evaluator", "Options."},
-		{[]string{"policy", "eval", "--bundle", "../../rego", "--input", input, "--key", "x", "--key-id", "x"}, exitError, "--scope is required with --key", "Options."},
+		{[]string{"policy", "eval", "--bundle", "../../rego", "--input", input, "--evaluator", "fast"}, exitUsage, `--evaluator "fast": want plan or topdown`, "Options."},
+		{[]string{"policy", "eval", "--bundle", "../../rego", "--input", input, "--key", "x", "--key-id", "x"}, exitUsage, "--key-id and --scope are required with --key", "Options."},
 		{[]string{"policy", "eval", "--bundle", "../../rego", "--input", input, "--key", "x", "--key-id", "x", "--scope", "s"}, exitError, "--key: ", "Options."},
 		{[]string{"policy", "eval", "--bundle", "../../rego", "--input", input, "--data", "/nonexistent.json"}, exitError, "--data", "Options."},
 		{[]string{"mig", "simulate", "--gpu", "h200", "--synthetic", "1", "--load", "0"}, 2, "--load 0: must be a number above 0", ""},
 		{[]string{"mig", "simulate", "--gpu", "h200", "--synthetic", "1", "--load", "-1"}, 2, "--load -1", ""},
-		{[]string{"mig", "simulate", "--gpu", "h200", "--synthetic", "1", "--arrivals", "0"}, 2, "--arrivals 0: must be at least 1", ""},
+		{[]string{"mig", "simulate", "--gpu", "h200", "--synthetic", "1", "--arrivals", "0"}, 2, "--arrivals 0: must be 1..100000", ""},
 		{[]string{"mig", "simulate", "--gpu", "h200", "--synthetic", "1", "--isolated", "2"}, 2, "--isolated 2", ""},
 		{[]string{"node", "status", "--config", "/nonexistent/bulkhead.toml"}, 1, "--config: config /nonexistent/bulkhead.toml", ""},
 		{[]string{"netpol", "-pin-dir", "/nonexistent/bulkhead", "endpoints"}, 1, "no fence on this node: nothing pinned in /nonexistent/bulkhead (-pin-dir)", ""},

@@ -17,7 +17,7 @@ import (
 func init() {
 	commands["mig"] = command{
 		summary: "MIG geometry, placement plans and packing simulations",
-		run:     func(args []string) int { return migMain(args, os.Stdout, os.Stderr) },
+		run:     migMain,
 	}
 }
 
@@ -30,17 +30,19 @@ subcommands:
                                             acceptance, fragmentation and utilisation per strategy
 
 models: ` + "h200, h100, a100-40gb, a100-80gb, b200" + `
+bulkhead mig <subcommand> --help lists a subcommand's flags.
+exit status: 0 done, 1 failure (plan: the requests do not fit), 2 usage error
 `
 
 func migMain(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, migUsage)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
+		return exitUsage
 	}
 	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, migUsage)
+		return exitOK
 	case "profiles":
 		return migProfiles(args[1:], stdout, stderr)
 	case "plan":
@@ -49,49 +51,30 @@ func migMain(args []string, stdout, stderr io.Writer) int {
 		return migSimulate(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "bulkhead mig: unknown subcommand %q\n%s", args[0], migUsage)
-	return 2
+	return exitUsage
 }
 
 // checkNodeFlags validates --gpu and --gpus; it returns the exit code to
 // use, or -1 to go on.
-func checkNodeFlags(fs *flag.FlagSet, gpu string, gpus int, stderr io.Writer) int {
+func checkNodeFlags(fs *flag.FlagSet, gpu string, gpus int) int {
 	if _, err := mig.Model(gpu); err != nil {
-		fmt.Fprintf(stderr, "%s: --gpu: %v\n", fs.Name(), err)
-		return 2
+		return usageError(fs, "--gpu: %v", err)
 	}
 	if gpus < 1 || gpus > 64 {
-		fmt.Fprintf(stderr, "%s: --gpus %d: must be 1..64\n", fs.Name(), gpus)
-		return 2
-	}
-	return -1
-}
-
-// parse parses flags and refuses positional arguments; it returns the exit
-// code to use, or -1 to go on.
-func parse(fs *flag.FlagSet, args []string, stderr io.Writer) int {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
-		return 2
+		return usageError(fs, "--gpus %d: must be 1..64", gpus)
 	}
 	return -1
 }
 
 func migProfiles(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("mig profiles", stderr)
+	fs := newFlagSet("mig profiles", "--gpu MODEL", stderr)
 	gpu := fs.String("gpu", "", "GPU model: "+strings.Join(mig.Models(), ", "))
-	if rc := parse(fs, args, stderr); rc >= 0 {
+	if rc := parseNoArgs(fs, args, stdout); rc >= 0 {
 		return rc
 	}
 	m, err := mig.Model(*gpu)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: --gpu: %v\n", fs.Name(), err)
-		return 2
+		return usageError(fs, "--gpu: %v", err)
 	}
 	fmt.Fprintf(stdout, "%s: %d compute slices, %d memory slots, %d GB\n", m.Product, mig.ComputeSlices, mig.MemorySlots, m.MemoryGB)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -122,32 +105,29 @@ func strategyFlag(s string) (mig.Strategy, error) {
 }
 
 func migPlan(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("mig plan", stderr)
+	fs := newFlagSet("mig plan", "--gpu MODEL [--gpus N] --request PROFILE,... [flags]", stderr)
 	gpu := fs.String("gpu", "", "GPU model: "+strings.Join(mig.Models(), ", "))
 	gpus := fs.Int("gpus", 1, "GPUs on the node")
 	request := fs.String("request", "", "comma-separated profiles to place, in order (e.g. 3g.71gb,2g.35gb)")
 	tenant := fs.String("tenant", "default", "tenant of every request")
 	isolation := fs.String("isolation", "", `co-tenancy rule of every request: "", tenant or exclusive`)
 	strategy := fs.String("strategy", "best-fit", "best-fit, first-fit, driver-order or spread")
-	if rc := parse(fs, args, stderr); rc >= 0 {
+	if rc := parseNoArgs(fs, args, stdout); rc >= 0 {
 		return rc
 	}
 	strat, err := strategyFlag(*strategy)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
-		return 2
+		return usageError(fs, "%v", err)
 	}
-	if rc := checkNodeFlags(fs, *gpu, *gpus, stderr); rc >= 0 {
+	if rc := checkNodeFlags(fs, *gpu, *gpus); rc >= 0 {
 		return rc
 	}
 	if strings.TrimSpace(*request) == "" {
-		fmt.Fprintf(stderr, "%s: --request: name at least one profile\n", fs.Name())
-		return 2
+		return usageError(fs, "--request: name at least one profile")
 	}
 	a, err := mig.NewAllocator(mig.NodeGPUs(*gpu, *gpus), nil, mig.WithStrategy(strat))
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
-		return 2
+		return usageError(fs, "%v", err)
 	}
 	names := strings.Split(*request, ",")
 	var placed []mig.Placement
@@ -156,11 +136,10 @@ func migPlan(args []string, stdout, stderr io.Writer) int {
 		p, err := a.Allocate(req)
 		if errors.Is(err, mig.ErrInsufficientResources) {
 			fmt.Fprintf(stderr, "%v (request %d of %d)\n", err, i+1, len(names))
-			return 1
+			return exitError
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: --request %d (%q): %v\n", fs.Name(), i+1, name, err)
-			return 2
+			return usageError(fs, "--request %d (%q): %v", i+1, name, err)
 		}
 		placed = append(placed, p)
 	}
@@ -173,71 +152,72 @@ func migPlan(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// maxArrivals bounds --arrivals. Every arrival is held as two events and
+// replayed once per strategy: 100 000 on 8 GPUs take about 4 s, so a
+// mistyped count (a zero or three too many) would run for minutes and
+// gigabytes rather than answer, and a plan needs far fewer to converge.
+const maxArrivals = 100_000
+
 func migSimulate(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("mig simulate", stderr)
+	fs := newFlagSet("mig simulate", "--gpu MODEL [--gpus N] --synthetic SEED | --trace FILE [flags]", stderr)
 	gpu := fs.String("gpu", "", "GPU model: "+strings.Join(mig.Models(), ", "))
 	gpus := fs.Int("gpus", 8, "GPUs on the node")
 	seed := fs.Int64("synthetic", -1, "generate a synthetic trace with this seed")
 	trace := fs.String("trace", "", "replay this trace file (see docs/mig.md for the format)")
-	arrivals := fs.Int("arrivals", 2000, "synthetic: number of requests")
+	arrivals := fs.Int("arrivals", 2000, fmt.Sprintf("synthetic: number of requests, 1..%d", maxArrivals))
 	load := fs.Float64("load", 1.5, "synthetic: offered compute as a share of the node's (above 1 is overload)")
 	isolated := fs.Float64("isolated", 0, "synthetic: share of requests that keep their GPU to their tenant")
 	mix := fs.String("mix", "mixed", "synthetic: request mix, one of "+strings.Join(simulate.MixNames(), ", "))
 	lifetimes := fs.String("lifetimes", simulate.Exponential, "synthetic: lifetime distribution, "+simulate.Exponential+" or "+simulate.Bimodal)
 	writeTrace := fs.String("write-trace", "", "synthetic: also write the generated trace to this file")
 	seeds := fs.Int("seeds", 1, "synthetic: replay this many traces (seeds SEED, SEED+1, ...) and pool the figures")
-	if rc := parse(fs, args, stderr); rc >= 0 {
+	if rc := parseNoArgs(fs, args, stdout); rc >= 0 {
 		return rc
 	}
-	if rc := checkNodeFlags(fs, *gpu, *gpus, stderr); rc >= 0 {
+	if rc := checkNodeFlags(fs, *gpu, *gpus); rc >= 0 {
 		return rc
 	}
 	if *seeds < 1 || *seeds > 1000 || (*seeds > 1 && (*writeTrace != "" || *trace != "")) {
-		fmt.Fprintf(stderr, "%s: --seeds %d: must be 1..1000, and 1 with --trace or --write-trace\n", fs.Name(), *seeds)
-		return 2
+		return usageError(fs, "--seeds %d: must be 1..1000, and 1 with --trace or --write-trace", *seeds)
 	}
 	if (*seed >= 0) == (*trace != "") {
-		fmt.Fprintf(stderr, "%s: give exactly one of --synthetic SEED and --trace FILE\n", fs.Name())
-		return 2
+		return usageError(fs, "give exactly one of --synthetic SEED and --trace FILE")
 	}
 	shares, ok := simulate.Mixes[*mix]
 	if !ok {
-		fmt.Fprintf(stderr, "%s: --mix %q: want one of %s\n", fs.Name(), *mix, strings.Join(simulate.MixNames(), ", "))
-		return 2
+		return usageError(fs, "--mix %q: want one of %s", *mix, strings.Join(simulate.MixNames(), ", "))
 	}
 	// The generator replaces zero values by its defaults; a value the user
 	// wrote must never be silently swapped for another.
-	if *arrivals < 1 {
-		fmt.Fprintf(stderr, "%s: --arrivals %d: must be at least 1\n", fs.Name(), *arrivals)
-		return 2
+	if *arrivals < 1 || *arrivals > maxArrivals {
+		return usageError(fs, "--arrivals %d: must be 1..%d", *arrivals, maxArrivals)
 	}
 	if !(*load > 0) || math.IsInf(*load, 0) {
-		fmt.Fprintf(stderr, "%s: --load %v: must be a number above 0 (1 offers the node's whole compute)\n", fs.Name(), *load)
-		return 2
+		return usageError(fs, "--load %v: must be a number above 0 (1 offers the node's whole compute)", *load)
 	}
 	if !(*isolated >= 0 && *isolated <= 1) {
-		fmt.Fprintf(stderr, "%s: --isolated %v: must be between 0 and 1\n", fs.Name(), *isolated)
-		return 2
+		return usageError(fs, "--isolated %v: must be between 0 and 1", *isolated)
 	}
 	var runs [][]simulate.Result
 	source := ""
 	if *trace != "" {
+		// The file is data, not usage: reading or replaying it fails with 1.
 		f, err := os.Open(*trace)
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: --trace: %v\n", fs.Name(), err)
-			return 2
+			return exitError
 		}
 		events, err := simulate.ParseTrace(f)
 		f.Close()
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: --trace %s: %v\n", fs.Name(), *trace, err)
-			return 2
+			return exitError
 		}
 		source = "trace " + *trace
 		results, err := simulate.Compare(events, *gpu, *gpus)
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
-			return 2
+			fmt.Fprintf(stderr, "%s: --trace %s: %v\n", fs.Name(), *trace, err)
+			return exitError
 		}
 		runs = append(runs, results)
 	} else {
@@ -245,20 +225,19 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 		for s := *seed; s < *seed+int64(*seeds); s++ {
 			events, err := simulate.Synthetic(simulate.SyntheticOptions{Model: *gpu, GPUs: *gpus, Seed: uint64(s),
 				Arrivals: *arrivals, Load: *load, IsolatedShare: *isolated, Mix: shares, Lifetimes: *lifetimes})
-			if err != nil {
-				fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
-				return 2
+			if err != nil { // the options, as --lifetimes, are the user's
+				return usageError(fs, "%v", err)
 			}
 			if *writeTrace != "" {
 				if err := writeTraceFile(*writeTrace, events); err != nil {
 					fmt.Fprintf(stderr, "%s: --write-trace: %v\n", fs.Name(), err)
-					return 2
+					return exitError
 				}
 			}
 			results, err := simulate.Compare(events, *gpu, *gpus)
 			if err != nil {
 				fmt.Fprintf(stderr, "%s: %v\n", fs.Name(), err)
-				return 2
+				return exitError
 			}
 			if *gpus <= simulate.MaxExactGPUs && *arrivals <= simulate.MaxExactArrivals && !hasExact(results) {
 				skipped++ // the exact optimum gave up: keep every row on the same traces
@@ -276,7 +255,7 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 		}
 		if len(runs) == 0 {
 			fmt.Fprintf(stderr, "%s: every trace was too large for the exact optimum; use fewer arrivals\n", fs.Name())
-			return 1
+			return exitError
 		}
 	}
 	results := simulate.Pool(runs)
@@ -308,7 +287,7 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 	if !hasExact(results) {
 		fmt.Fprintf(stdout, "exact optimum: skipped (at most %d GPUs and %d arrivals)\n", simulate.MaxExactGPUs, simulate.MaxExactArrivals)
 	}
-	return 0
+	return exitOK
 }
 
 // printByProfile prints each strategy's acceptance per profile, for the

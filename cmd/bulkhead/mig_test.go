@@ -52,7 +52,7 @@ func TestMIGCommand(t *testing.T) {
 		{"plan driver order", []string{"plan", "--gpu", "h200", "--request", "1g.18gb,2g.35gb", "--strategy", "driver-order"}, 0,
 			[]string{"1        0    1g.18gb  6", "2        0    2g.35gb  4"}, nil},
 		{"simulate needs one source", []string{"simulate", "--gpu", "h200"}, 2, nil, []string{"exactly one of --synthetic SEED and --trace FILE"}},
-		{"simulate bad trace", []string{"simulate", "--gpu", "h200", "--trace", filepath.Join(dir, "none")}, 2, nil, []string{"--trace:"}},
+		{"simulate unreadable trace", []string{"simulate", "--gpu", "h200", "--trace", filepath.Join(dir, "none")}, 1, nil, []string{"--trace:"}},
 		{"unknown subcommand", []string{"frobnicate"}, 2, nil, []string{`unknown subcommand "frobnicate"`}},
 		{"no subcommand", nil, 2, nil, []string{"usage: bulkhead mig"}},
 	}

@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
@@ -16,16 +14,12 @@ import (
 func init() {
 	commands["netpol"] = command{
 		summary: "inspect the eBPF tenant fence: endpoints, stats TENANT, gc",
-		run:     runNetpol,
+		run:     netpolMain,
 	}
 }
 
-func runNetpol(args []string) int {
-	return netpolMain(args, os.Stdout, os.Stderr)
-}
-
 func netpolMain(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("netpol", stderr)
+	fs := newFlagSet("netpol", "", stderr)
 	pinDir := fs.String("pin-dir", netpol.DefaultPinDir, "directory of the pinned maps (on bpffs)")
 	lock := fs.String("lock", netpol.DefaultLockPath, "lock file shared with the shims (gc only)")
 	fs.Usage = func() {
@@ -33,29 +27,31 @@ func netpolMain(args []string, stdout, stderr io.Writer) int {
   endpoints     the registered endpoints, JSON (read-only)
   stats TENANT  the tenant's drop counters by reason, JSON (read-only)
   gc            unregister endpoints whose interface is gone (root; changes the maps)
-exit status: 0 done, 1 failure, 2 usage error`)
+exit status: 0 done, 1 failure, 2 usage error
+
+flags:`)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	// Flags may follow the verb: `netpol stats TENANT --help` is help.
+	words, rc := parseFlags(fs, args, stdout)
+	if rc >= 0 {
+		return rc
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return 2
+	if len(words) == 0 {
+		return usageError(fs, "name what to inspect: endpoints, stats TENANT or gc")
 	}
-	verb, rest := fs.Arg(0), fs.Args()[1:]
+	verb, rest := words[0], words[1:]
 	switch {
-	case verb == "help":
+	case verb == "help" && len(rest) == 0:
 		fs.SetOutput(stdout)
 		fs.Usage()
-		return 0
-	case verb == "endpoints" && len(rest) == 0, verb == "gc" && len(rest) == 0, verb == "stats" && len(rest) == 1:
-	default:
-		fs.Usage()
-		return 2
+		return exitOK
+	case verb == "stats" && len(rest) != 1:
+		return usageError(fs, "stats takes one TENANT, got %d arguments", len(rest))
+	case (verb == "endpoints" || verb == "gc") && len(rest) != 0:
+		return usageError(fs, "%s: unexpected argument %q", verb, rest[0])
+	case verb != "endpoints" && verb != "gc" && verb != "stats":
+		return usageError(fs, "unknown verb %q: want endpoints, stats TENANT or gc", verb)
 	}
 	var out any
 	var err error
@@ -64,7 +60,7 @@ exit status: 0 done, 1 failure, 2 usage error`)
 		m, err := netpol.Open(ctx, netpol.Options{PinDir: *pinDir, LockPath: *lock})
 		if err != nil {
 			fmt.Fprintln(stderr, "bulkhead netpol gc:", flagError(err, *pinDir))
-			return 1
+			return exitError
 		}
 		defer m.Close()
 		// Interfaces that are gone; sandbox liveness is the shim's to judge.

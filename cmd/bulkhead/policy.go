@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,21 +18,15 @@ import (
 func init() {
 	commands["policy"] = command{
 		summary: "policy bundles: eval, test, verify",
-		run:     runPolicy,
+		run:     policyMain,
 	}
 }
 
-// Exit codes of `bulkhead policy eval`.
+// Exit codes of `bulkhead policy eval` beside exitError and exitUsage.
 const (
 	exitAllow = 0
-	exitError = 1
-	exitUsage = 2
 	exitDeny  = 3
 )
-
-func runPolicy(args []string) int {
-	return policyMain(args, os.Stdout, os.Stderr)
-}
 
 func policyUsage(w io.Writer) {
 	fmt.Fprint(w, `usage:
@@ -44,6 +36,8 @@ func policyUsage(w io.Writer) {
       run the bundle's Rego tests with line coverage; exit 0 pass, 1 fail
   bulkhead policy verify --bundle PATH --key PEM --key-id ID [--scope S]
       check a bundle's signature; exit 0 valid, 1 refused
+
+bulkhead policy <subcommand> --help lists a subcommand's flags; exit 2 is a usage error.
 `)
 }
 
@@ -69,21 +63,31 @@ func policyMain(args []string, stdout, stderr io.Writer) int {
 }
 
 func policyEval(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("policy eval", stderr)
+	fs := newFlagSet("policy eval", "--bundle PATH --input FILE [flags]", stderr)
 	bundlePath := fs.String("bundle", "", "bundle directory or .tar.gz (required)")
 	inputPath := fs.String("input", "", "input document, JSON (contract v1, docs/policy.md); - for stdin (required)")
 	dataPath := fs.String("data", "", "extra data JSON merged into the bundle's data, e.g. tenants")
 	key := fs.String("key", "", "PEM public key (file) to verify the bundle with; without it the bundle is NOT verified")
-	keyID := fs.String("key-id", "", "key id the bundle must be signed with (with --key)")
-	scope := fs.String("scope", "", "scope the signature must carry (with --key)")
+	keyID := fs.String("key-id", "", "key id the bundle must be signed with (required with --key, refused without)")
+	scope := fs.String("scope", "", "scope the signature must carry (required with --key, refused without)")
 	decisionLog := fs.String("decision-log", "", "write the decision log line to FILE, or - for stdout")
 	evaluator := fs.String("evaluator", policy.EvaluatorPlan, "plan (OPA's compiled plan, interpreter as fallback) or topdown (OPA's interpreter)")
-	if err := fs.Parse(args); err != nil {
-		return helpOrUsage(err)
+	if rc := parseNoArgs(fs, args, stdout); rc >= 0 {
+		return rc
 	}
-	if *bundlePath == "" || *inputPath == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "bulkhead policy eval: --bundle and --input are required")
-		return exitUsage
+	if *bundlePath == "" || *inputPath == "" {
+		return usageError(fs, "--bundle and --input are required")
+	}
+	// Without --key nothing is verified: a key id or scope given alone
+	// would read as a check that never happens.
+	if *key == "" && (*keyID != "" || *scope != "") {
+		return usageError(fs, "--key-id and --scope need --key (the public key to verify the bundle with); without --key the bundle is not verified")
+	}
+	if *key != "" && (*keyID == "" || *scope == "") {
+		return usageError(fs, "--key-id and --scope are required with --key")
+	}
+	if !policy.KnownEvaluator(*evaluator) {
+		return usageError(fs, "--evaluator %q: want %s or %s", *evaluator, policy.EvaluatorPlan, policy.EvaluatorTopdown)
 	}
 	in, err := readInput(*inputPath)
 	if err != nil {
@@ -156,21 +160,20 @@ func readInput(path string) (policy.Input, error) {
 }
 
 func policyTest(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("policy test", stderr)
+	fs := newFlagSet("policy test", "[--threshold PERCENT] [-v] PATH", stderr)
 	threshold := fs.Float64("threshold", 0, "fail when line coverage of the non-test modules is below PERCENT")
 	verbose := fs.Bool("v", false, "list every test and the lines not covered")
-	if err := fs.Parse(args); err != nil {
-		return helpOrUsage(err)
+	paths, rc := parseFlags(fs, args, stdout)
+	if rc >= 0 {
+		return rc
 	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "bulkhead policy test: want exactly one bundle PATH")
-		return exitUsage
+	if len(paths) != 1 {
+		return usageError(fs, "want exactly one bundle PATH, got %d", len(paths))
 	}
-	if *threshold < 0 || *threshold > 100 {
-		fmt.Fprintf(stderr, "bulkhead policy test: --threshold %v must be between 0 and 100\n", *threshold)
-		return exitUsage
+	if !(*threshold >= 0 && *threshold <= 100) {
+		return usageError(fs, "--threshold %v must be between 0 and 100", *threshold)
 	}
-	rep, err := regotest.Run(context.Background(), fs.Arg(0))
+	rep, err := regotest.Run(context.Background(), paths[0])
 	if err != nil {
 		fmt.Fprintln(stderr, "bulkhead policy test:", err)
 		return exitError
@@ -209,17 +212,16 @@ func policyTest(args []string, stdout, stderr io.Writer) int {
 }
 
 func policyVerify(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("policy verify", stderr)
+	fs := newFlagSet("policy verify", "--bundle PATH --key PEM --key-id ID [--scope S]", stderr)
 	bundlePath := fs.String("bundle", "", "bundle .tar.gz or directory (required)")
 	key := fs.String("key", "", "PEM public key, or a file holding it (required)")
 	keyID := fs.String("key-id", "", "key id the bundle must be signed with (required)")
 	scope := fs.String("scope", "", "scope the signature must carry (default: none)")
-	if err := fs.Parse(args); err != nil {
-		return helpOrUsage(err)
+	if rc := parseNoArgs(fs, args, stdout); rc >= 0 {
+		return rc
 	}
-	if *bundlePath == "" || *key == "" || *keyID == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "bulkhead policy verify: --bundle, --key and --key-id are required")
-		return exitUsage
+	if *bundlePath == "" || *key == "" || *keyID == "" {
+		return usageError(fs, "--bundle, --key and --key-id are required")
 	}
 	rev, err := policy.VerifyBundle(*bundlePath, *key, *keyID, *scope)
 	if err != nil {
@@ -228,15 +230,6 @@ func policyVerify(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "bundle %s: signature valid (key id %s, scope %q), revision %s\n", *bundlePath, *keyID, *scope, rev)
 	return 0
-}
-
-// helpOrUsage is the exit code of a failed flag parse: 0 for -h/--help,
-// exitUsage otherwise.
-func helpOrUsage(err error) int {
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	return exitUsage
 }
 
 // policyFlags maps the policy package's Options fields, which its errors
