@@ -74,6 +74,9 @@ type Config struct {
 	// applied by ConfigureGC.
 	GCPercent   int
 	MemoryLimit string
+	// Version asks the binary to print its version and exit; ParseFlags
+	// then checks nothing else.
+	Version bool
 }
 
 // ParseFlags reads the binary's flags. Errors name the flag and the rule.
@@ -115,11 +118,15 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.BoolVar(&c.HTTP2, "http2", false, "also offer HTTP/2 on the webhook listener (the API server uses HTTP/1.1)")
 	fs.IntVar(&c.GCPercent, "gc-percent", DefaultGCPercent, "heap growth in percent before a collection, used while a memory limit is in force (GOGC wins)")
 	fs.StringVar(&c.MemoryLimit, "memory-limit", MemoryLimitAuto, "Go's soft memory limit: auto (90% of the container's limit), 0 (none) or a quantity such as 460Mi (GOMEMLIMIT wins)")
+	fs.BoolVar(&c.Version, "version", false, "print the version, commit and Go release, and exit")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if c.Version {
+		return c, nil
 	}
 	switch {
 	case c.TLSCert == "" || c.TLSKey == "":
