@@ -58,7 +58,7 @@ build-failpoints: ## Build the test agent that honours BULKHEAD_TEST_FAIL_AT, wi
 	$(GO) build -ldflags "$(LDFLAGS)" -tags 'bulkhead_failpoints bulkhead_mockgpu' -o $(BIN)/failpoints/ ./cmd/bulkhead-agent
 
 .PHONY: deps
-deps: ## Install the Debian packages a local node needs (CNI plugins, busybox-static, iproute2); root.
+deps: ## Install the Debian packages a node and the tests need (CNI plugins, busybox-static, iproute2, gcc, libseccomp-dev, pkg-config, etcd-server); root.
 	bash test/scripts/deps.sh
 
 .PHONY: tools-node

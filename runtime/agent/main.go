@@ -20,20 +20,25 @@ import (
 // cannot be served, 2 for bad usage.
 func Main(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bulkhead-agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// The flag package prints nothing itself: help goes to stdout, a usage
+	// error and the usage to stderr.
+	fs.SetOutput(io.Discard)
 	configPath := fs.String("config", config.Path(), "the node's configuration file (default $"+config.PathEnv+" or "+config.DefaultPath+")")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	logFormat := fs.String("log-format", "text", "log format: text, or json (one object per line, every call's sandbox, container, shim pid and op as fields)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: bulkhead-agent [--config PATH]\n\nServes the node's Bulkhead shims on the socket of the file's [agent] section.\n\n")
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "usage: bulkhead-agent [--config PATH] [--log-format text|json]\n\nServes the node's Bulkhead shims on the socket of the file's [agent] section.\n\n")
+		fs.SetOutput(w)
 		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
 	}
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
-			fs.SetOutput(stdout)
-			fs.Usage()
+			usage(stdout)
 			return 0
 		}
+		fmt.Fprintf(stderr, "bulkhead-agent: %v\n", err)
+		usage(stderr)
 		return 2
 	}
 	if fs.NArg() > 0 {

@@ -30,6 +30,10 @@ func TestMainUsage(t *testing.T) {
 		if code != tc.code || !strings.Contains(stdout.String()+stderr.String(), tc.out) {
 			t.Errorf("bulkhead-agent %v: exit %d, output %q; want exit %d and %q", tc.args, code, stdout.String()+stderr.String(), tc.code, tc.out)
 		}
+		// Help and version on stdout alone; usage errors on stderr alone.
+		if (code == 0) != (stderr.Len() == 0) || (code == 0) != (stdout.Len() > 0) {
+			t.Errorf("bulkhead-agent %v: exit %d, stdout %q, stderr %q: want help on stdout only, errors on stderr only", tc.args, code, stdout.String(), stderr.String())
+		}
 	}
 	log.SetFormat(log.TextFormat)
 }
