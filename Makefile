@@ -115,7 +115,7 @@ demo-cluster: ## Install Bulkhead on a private one-node Kubernetes cluster and s
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(BIN)/demo-cluster
 
 .PHONY: bench
-bench: bench-policy bench-mig bench-netpol bench-webhook bench-start ## Run every benchmark.
+bench: bench-policy bench-mig bench-netpol bench-webhook bench-start bench-agent ## Run every benchmark.
 
 .PHONY: bench-policy
 bench-policy: ## Benchmark policy decisions on the default bundle.
@@ -134,8 +134,14 @@ bench-webhook: ## Benchmark the admission webhook with concurrent TLS clients.
 	$(GO) test -run '^$$' -bench . -benchmem ./policy/admission/...
 
 .PHONY: bench-start
-bench-start: build build-failpoints tools-node ## 20 pod starts through CRI each, p50/p95: Bulkhead gVisor (pipeline on, off), Bulkhead runc, upstream runc-v2 and runsc-v1 shims (root).
+bench-start: build build-failpoints tools-node ## 20 pod starts through CRI each, p50/p95: Bulkhead gVisor (pipeline on, off), Bulkhead runc, upstream runc-v2 and runsc-v1 shims; each shim's, the gVisor sandbox's and the agent's PSS (root).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkPodStart -benchtime 1x ./test/e2e/...
+
+.PHONY: bench-agent
+bench-agent: build build-failpoints tools-node ## The node agent: a decision over its socket against in-process at 100 concurrent creates, its memory with 100 pods, a bundle hot reload while pods start (root).
+	$(GO) test -count=1 -run '^$$' -bench BenchmarkDecisionOverSocket -benchtime 5x ./runtime/agent/
+	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkAgentMemory -benchtime 1x ./test/e2e/...
+	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -v -run '^TestBundleHotReload$$' ./test/e2e/...
 
 # govulncheck, pinned, and the Go vulnerability database built from the
 # golang.org/x/vulndb module: the module proxy is the only network these
