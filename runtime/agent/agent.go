@@ -62,6 +62,9 @@ type Agent struct {
 	// ops are the calls waiting for a shim's Continue, by op id.
 	ops    map[uint64]*op
 	lastOp uint64
+	// creating are the sandboxes whose create is in flight: GC leaves
+	// their records alone.
+	creating map[string]bool
 
 	// gcSoon asks the GC loop for a pass now (a shim died mid-call).
 	gcSoon chan struct{}
@@ -85,7 +88,7 @@ func Open(ctx context.Context, cfg config.Config) (*Agent, error) {
 	}
 	a := &Agent{
 		cfg: cfg, state: node.NewStateDir(cfg.StateDir), startedAt: time.Now(),
-		pods: map[string]*runtime.Pod{}, ops: map[uint64]*op{}, gcSoon: make(chan struct{}, 1),
+		pods: map[string]*runtime.Pod{}, ops: map[uint64]*op{}, creating: map[string]bool{}, gcSoon: make(chan struct{}, 1),
 	}
 	a.openTelemetry(ctx)
 	p, err := a.openPipeline(ctx)
@@ -94,7 +97,7 @@ func Open(ctx context.Context, cfg config.Config) (*Agent, error) {
 		return nil, err
 	}
 	a.pipeline = p
-	if _, err := p.Node().GC(ctx); err != nil {
+	if _, err := p.Node().GCExcept(ctx, a.isCreating); err != nil {
 		log.G(ctx).WithError(err).Warn("gc at agent start")
 	}
 	return a, nil
@@ -231,7 +234,7 @@ func (a *Agent) gcLoop(ctx context.Context) {
 }
 
 func (a *Agent) gc(ctx context.Context) {
-	rep, err := a.pipeline.Node().GC(ctx)
+	rep, err := a.pipeline.Node().GCExcept(ctx, a.isCreating)
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("gc")
 	}
@@ -240,6 +243,13 @@ func (a *Agent) gc(ctx context.Context) {
 		delete(a.pods, id)
 	}
 	a.mu.Unlock()
+}
+
+// isCreating reports whether sandbox id's create is in flight.
+func (a *Agent) isCreating(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.creating[id]
 }
 
 // podOptions are the options of a pod served for caller.
@@ -332,6 +342,14 @@ func (a *Agent) create(ctx context.Context, r agentapi.CreateRequest) (agentapi.
 	return a.start(ctx, r.Caller, func(o *op) error {
 		var p *runtime.Pod
 		if r.Sandbox == "" {
+			a.mu.Lock()
+			a.creating[r.ID] = true
+			a.mu.Unlock()
+			defer func() {
+				a.mu.Lock()
+				delete(a.creating, r.ID)
+				a.mu.Unlock()
+			}()
 			opts, err := a.podOptions(r.Caller, o)
 			if err != nil {
 				return err

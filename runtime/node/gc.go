@@ -82,6 +82,16 @@ func shimRunning(pid int) bool {
 // idempotent; the node agent runs it when it starts, every little while
 // and soon after a shim died in the middle of a call.
 func (n *Node) GC(ctx context.Context) (GCReport, error) {
+	return n.GCExcept(ctx, nil)
+}
+
+// GCExcept is GC run by the records' only writer (the node agent), which
+// says with creating which sandboxes it is creating right now: a record
+// that does not read is garbage unless its sandbox is one of them. With
+// creating nil (`bulkhead node gc` beside a running agent) a directory
+// without a readable record is left alone for recordGrace, since a create
+// may be writing it.
+func (n *Node) GCExcept(ctx context.Context, creating func(id string) bool) (GCReport, error) {
 	var rep GCReport
 	var reservations []*Reservation
 	state := n.state
@@ -112,10 +122,11 @@ func (n *Node) GC(ctx context.Context) (GCReport, error) {
 	for _, id := range ids {
 		sb, err := state.Load(id)
 		if err != nil {
-			// A shim may be writing the record right now (the directory
-			// exists before the record is renamed into it): leave young
-			// directories alone.
-			if young(state, id) {
+			// A create may be writing the record right now (the directory
+			// exists before the record is renamed into it): leave it alone
+			// while the writer says so, or, when no writer says, while the
+			// directory is young.
+			if creating != nil && creating(id) || creating == nil && young(state, id) {
 				continue
 			}
 		}

@@ -85,3 +85,52 @@ func TestGCReleasesWhatDeadSandboxesHeld(t *testing.T) {
 		t.Errorf("second gc: %+v, %v", rep, err)
 	}
 }
+
+// TestGCOfARecordHalfWritten: a sandbox directory whose record does not read
+// (a crash between creating the directory and renaming the record into it)
+// is left alone by a GC that cannot know whether a create is writing it,
+// and removed at once by the records' only writer unless it says that
+// sandbox's create is in flight.
+func TestGCOfARecordHalfWritten(t *testing.T) {
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.RunscRoot = filepath.Join(dir, "runsc")
+	cfg.RuncRoot = filepath.Join(dir, "runc")
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
+	cfg.Pipeline.Enabled, cfg.Pipeline.BenchmarkBaseline = false, true
+	cfg.Netpol.Enabled = false
+	n, err := Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := func(id string) {
+		t.Helper()
+		d, err := n.State().Dir(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		creating func(string) bool
+		kept     bool
+	}{
+		{"no writer says: young, kept", nil, true},
+		{"the writer creates it: kept", func(string) bool { return true }, true},
+		{"the writer does not: removed", func(string) bool { return false }, false},
+	} {
+		half("half")
+		rep, err := n.GCExcept(context.Background(), tc.creating)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, _ := n.State().List()
+		if kept := len(ids) == 1; kept != tc.kept || kept == (len(rep.Records) == 1) {
+			t.Errorf("%s: records after GC %v (report %v), want kept %v", tc.name, ids, rep.Records, tc.kept)
+		}
+	}
+}
