@@ -134,7 +134,7 @@ bench-webhook: ## Benchmark the admission webhook with concurrent TLS clients.
 	$(GO) test -run '^$$' -bench . -benchmem ./policy/admission/...
 
 .PHONY: bench-start
-bench-start: build build-failpoints tools-node ## 20 pod starts through CRI each, p50/p95: Bulkhead gVisor (pipeline on, off), Bulkhead runc, upstream runc-v2 and runsc-v1 shims; each shim's, the gVisor sandbox's and the agent's PSS (root).
+bench-start: build build-failpoints tools-node ## 20 pod starts through CRI each, interleaved, p50/p95: Bulkhead gVisor and runc (pipeline on, off), upstream runc-v2 and runsc-v1 shims; each shim's, the gVisor sandbox's and the agent's PSS (root).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkPodStart -benchtime 1x ./test/e2e/...
 
 .PHONY: bench-agent

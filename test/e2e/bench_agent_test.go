@@ -19,8 +19,12 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
-// agentPods is how many pods BenchmarkAgentMemory runs at once.
-const agentPods = 100
+// agentPods is how many runc-tier pods BenchmarkAgentMemory runs at once,
+// and gvisorPods how many gVisor pods it then starts beside them.
+const (
+	agentPods  = 100
+	gvisorPods = 10
+)
 
 // BenchmarkAgentMemory starts 100 pods on a pipeline node, one after
 // another, each with a container, and prints the agent's RSS, PSS and peak
@@ -28,7 +32,10 @@ const agentPods = 100
 // the runc tier (tenant platform, handler bulkhead-runc): 100 gVisor
 // sandboxes would take this 2-core machine's CPU for minutes and exceed
 // the standard tenant's quota, and the agent keeps the same per pod either
-// way (its record, its admission). Run with -benchtime 1x.
+// way (its record, its admission). Then it starts 10 gVisor pods beside
+// them and prints the agent again (110 pods), and the PSS of each shim,
+// gVisor sandbox and gofer, whose binaries' pages are now shared among
+// many processes. Run with -benchtime 1x.
 func BenchmarkAgentMemory(b *testing.B) {
 	if why := runcTierMissing(); why != "" {
 		b.Skip("runc tier: not measured (" + why + ")")
@@ -75,7 +82,31 @@ func BenchmarkAgentMemory(b *testing.B) {
 		time.Sleep(2 * time.Second)
 		measure(len(ids))
 		shims, shimPSS := shimsUnder(pn.Dir(), "containerd-shim-bulkhead-runc-v1")
-		fmt.Printf("bulkhead-agent memory (/proc/PID/smaps_rollup, VmHWM), runc-tier pods each with one container, started one after another (%d in %v):\n", len(ids), startedIn.Round(time.Second))
+		last := samples[len(samples)-1]
+		// Then 10 gVisor pods beside them: what a gVisor pod's shim and
+		// sandbox take when their binaries' pages are shared ten ways.
+		for i := range gvisorPods {
+			cfg := podConfig(pn.Node, fmt.Sprintf("gvisor-%d", i), "research", nil)
+			id, err := runPodOn(ctx, pn.Node, node.Handler, cfg)
+			if err != nil {
+				b.Fatalf("gVisor pod %d: %v", i, err)
+			}
+			if _, err := startContainer(ctx, pn.Node, id, cfg, "main", "exec sleep 3600"); err != nil {
+				b.Fatalf("gVisor pod %d: %v", i, err)
+			}
+			ids = append(ids, id)
+		}
+		time.Sleep(2 * time.Second)
+		measure(len(ids))
+		var gvisor []string
+		for _, name := range []string{"containerd-shim-bulkhead-v1", "runsc-sandbox", "runsc-gofer"} {
+			n, pss := shimsUnder(pn.Dir(), name)
+			if n > 0 {
+				gvisor = append(gvisor, fmt.Sprintf("%d %s %.1f MB each", n, name, mb(pss)/float64(n)))
+				b.ReportMetric(mb(pss)/float64(n), "pss-MB-each-"+name)
+			}
+		}
+		fmt.Printf("bulkhead-agent memory (/proc/PID/smaps_rollup, VmHWM), runc-tier pods each with one container, started one after another (%d in %v):\n", agentPods, startedIn.Round(time.Second))
 		w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(w, "pods\tRSS\tPSS\tpeak RSS")
 		for _, s := range samples {
@@ -83,10 +114,10 @@ func BenchmarkAgentMemory(b *testing.B) {
 		}
 		w.Flush()
 		if shims > 0 {
-			fmt.Printf("  the %d Bulkhead runc shims: %.1f MB PSS together, %.1f MB each (their binary's pages shared among them)\n", shims, mb(shimPSS), mb(shimPSS)/float64(shims))
-			b.ReportMetric(mb(shimPSS)/float64(shims), "shim-pss-MB-each")
+			fmt.Printf("  with %d runc pods, the %d Bulkhead runc shims: %.1f MB PSS together, %.1f MB each (their binary's pages shared among them)\n", agentPods, shims, mb(shimPSS), mb(shimPSS)/float64(shims))
+			b.ReportMetric(mb(shimPSS)/float64(shims), "pss-MB-each-runc-shim")
 		}
-		last := samples[len(samples)-1]
+		fmt.Printf("  with %d gVisor pods beside them, PSS: %s\n", gvisorPods, strings.Join(gvisor, ", "))
 		b.ReportMetric(mb(last.rss), "rss-MB-100-pods")
 		b.ReportMetric(mb(last.pss), "pss-MB-100-pods")
 		b.ReportMetric(mb(last.hwm), "peak-rss-MB")
