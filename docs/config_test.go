@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
 )
 
 // TestREADMEConfigIsValid: the shim configuration the README shows is one
