@@ -310,7 +310,11 @@ func (p *Pod) createSandbox(ctx context.Context, id, bundle string, spec *specs.
 	}
 	sb.Phase = node.PhaseCreated
 	p.saveRecord(ctx)
-	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s runtime %s tenant %q: created in %v (%s)", sb.ID, sb.Namespace, sb.Name, sb.Handler, p.runtime, sb.Tenant,
+	revision := "-"
+	if sb.Decision != nil && sb.Decision.Revision != "" {
+		revision = sb.Decision.Revision
+	}
+	log.G(ctx).Infof("sandbox %s: pod %s/%s handler %s runtime %s tenant %q bundle revision %s: created in %v (%s)", sb.ID, sb.Namespace, sb.Name, sb.Handler, p.runtime, sb.Tenant, revision,
 		time.Since(began).Round(time.Millisecond), trace)
 	return nil
 }

@@ -9,10 +9,14 @@ import (
 )
 
 // RefusedError is a policy refusal. Its message reaches the kubelet (and
-// crictl) through containerd, so it names the tenant, each rule and why.
+// crictl) through containerd, so it names the tenant, each rule and why,
+// and the bundle revision that decided when a decision did.
 type RefusedError struct {
 	Namespace, Pod, Tenant string
 	Reasons                []policy.Reason
+	// Revision is the revision of the bundle whose decision refused; ""
+	// for a refusal no decision made (the runtime's own checks).
+	Revision string
 }
 
 func (e *RefusedError) Error() string {
@@ -29,7 +33,11 @@ func (e *RefusedError) Error() string {
 	if len(parts) == 0 {
 		parts = append(parts, "policy denied without a reason")
 	}
-	return fmt.Sprintf("bulkhead refused pod %s/%s (tenant %s): %s", e.Namespace, e.Pod, tenant, strings.Join(parts, "; "))
+	msg := fmt.Sprintf("bulkhead refused pod %s/%s (tenant %s): %s", e.Namespace, e.Pod, tenant, strings.Join(parts, "; "))
+	if e.Revision != "" {
+		msg += " (bundle revision " + e.Revision + ")"
+	}
+	return msg
 }
 
 func refusal(sb *node.Sandbox, d policy.Decision, err error) error {
@@ -37,7 +45,7 @@ func refusal(sb *node.Sandbox, d policy.Decision, err error) error {
 	if err != nil && len(reasons) == 0 {
 		reasons = []policy.Reason{{Rule: "engine.error", Message: err.Error()}}
 	}
-	return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Tenant: d.Tenant, Reasons: reasons}
+	return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Tenant: d.Tenant, Reasons: reasons, Revision: d.Revision}
 }
 
 // isRefusal reports whether err is the policy's refusal (returned as it is,

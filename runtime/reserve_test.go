@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 
@@ -81,5 +82,16 @@ func TestReserveAsksThePolicyOnce(t *testing.T) {
 				t.Errorf("the last decision's usage = %+v, want %s's (%d sandboxes)", last, tc.usageOf, want)
 			}
 		})
+	}
+}
+
+// TestRefusalNamesTheRevision: a refusal the policy decided names the
+// bundle revision that decided it, after the rules, as the webhook's does.
+func TestRefusalNamesTheRevision(t *testing.T) {
+	p := testPipeline(t)
+	sb, spec := sandboxSpec("nobody", "unknown-namespace", nil)
+	_, err := place(t, p, sb, spec)
+	if err == nil || !strings.HasPrefix(err.Error(), "bulkhead refused pod nobody/unknown-namespace (tenant (none)): [") || !strings.HasSuffix(err.Error(), " (bundle revision bulkhead-default-1)") {
+		t.Errorf("refusal = %v, want the rules, then the bundle revision", err)
 	}
 }
