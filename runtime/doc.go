@@ -93,5 +93,7 @@
 // ledger or NVML error, or a fence that cannot be loaded (the fence is on
 // unless the node's file says netpol.enabled = false) refuses the pod with
 // a message naming the rule as the webhook does: "bulkhead refused pod
-// NS/NAME (tenant T): [rule.id] message".
+// NS/NAME (tenant T): [rule.id] message (bundle revision R)". When the node
+// agent cannot be reached, the shim refuses the same way, naming the agent
+// and its socket.
 package runtime
