@@ -50,9 +50,15 @@ func TestMain(m *testing.M) {
 // fence and no GPUs: no root needed) on a socket in a fresh directory.
 func testAgent(t *testing.T) (*Agent, *agentapi.Client, config.Config) {
 	t.Helper()
+	return serveAgent(t, testTenants)
+}
+
+// serveAgent is testAgent with the tenants of the data file tenantsJSON.
+func serveAgent(t testing.TB, tenantsJSON string) (*Agent, *agentapi.Client, config.Config) {
+	t.Helper()
 	dir := t.TempDir()
 	data := filepath.Join(dir, "tenants.json")
-	if err := os.WriteFile(data, []byte(testTenants), 0o644); err != nil {
+	if err := os.WriteFile(data, []byte(tenantsJSON), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	bundle, err := filepath.Abs("../../rego")

@@ -17,7 +17,6 @@ import (
 
 	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/agentapi"
-	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 )
 
@@ -33,48 +32,7 @@ const benchConcurrency = 100
 // real ledger, no fence and no GPUs), with benchTenants.
 func benchAgent(b *testing.B) (*Agent, *agentapi.Client) {
 	b.Helper()
-	dir := b.TempDir()
-	data := filepath.Join(dir, "tenants.json")
-	if err := os.WriteFile(data, []byte(benchTenants), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	bundle, err := filepath.Abs("../../rego")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := config.Default()
-	cfg.RunscRoot = filepath.Join(dir, "runsc")
-	cfg.RuncRoot = filepath.Join(dir, "runc")
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
-	cfg.Agent.Socket = filepath.Join(dir, "agent", "agent.sock")
-	cfg.Policy = config.PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
-	cfg.Netpol.Enabled = false
-	if err := cfg.Validate(); err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := Open(ctx, cfg)
-	if err != nil {
-		cancel()
-		b.Fatal(err)
-	}
-	l, err := Listen(cfg.Agent.Socket)
-	if err != nil {
-		cancel()
-		b.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- a.Serve(ctx, l) }()
-	c := agentapi.NewClient(cfg.Agent.Socket)
-	b.Cleanup(func() {
-		c.Close()
-		cancel()
-		if err := <-served; err != nil {
-			b.Errorf("Serve: %v", err)
-		}
-		a.Close()
-	})
+	a, c, _ := serveAgent(b, benchTenants)
 	return a, c
 }
 

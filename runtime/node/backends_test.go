@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/bulkhead-runtime/bulkhead/internal/linkcheck"
 	"github.com/bulkhead-runtime/bulkhead/mig"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 )
@@ -19,30 +19,12 @@ import (
 // linked and the mock (go-nvml's mock servers, mig/mocknode) only into builds
 // with the tag bulkhead_mockgpu.
 func TestDoesNotLinkMockGPU(t *testing.T) {
-	gotool := filepath.Join(goruntime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(gotool); err != nil {
-		t.Skipf("no go tool at %s (%v): cannot list runtime/node's dependencies", gotool, err)
-	}
-	out, err := exec.Command(gotool, "list", "-deps", ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list -deps: %v\n%s", err, out)
-	}
-	const module = "github.com/bulkhead-runtime/bulkhead/"
-	var mock []string
-	nvml := false
-	for _, pkg := range strings.Fields(string(out)) {
-		switch {
-		case strings.HasPrefix(pkg, "github.com/NVIDIA/go-nvml/pkg/nvml/mock"),
-			strings.HasPrefix(pkg, module+"mig/mocknode"):
-			mock = append(mock, pkg)
-		case pkg == module+"mig/nvmlbackend":
-			nvml = true
-		}
-	}
-	if len(mock) > 0 {
-		t.Errorf("runtime/node links %d packages of the GPU mock, want none: %s", len(mock), strings.Join(mock, ", "))
-	}
-	if !nvml {
+	deps := linkcheck.Deps(t, ".")
+	linkcheck.Forbid(t, "runtime/node", deps, []string{
+		"github.com/NVIDIA/go-nvml/pkg/nvml/mock/...",
+		"github.com/bulkhead-runtime/bulkhead/mig/mocknode/...",
+	})
+	if !slices.Contains(deps, "github.com/bulkhead-runtime/bulkhead/mig/nvmlbackend") {
 		t.Errorf("runtime/node does not link mig/nvmlbackend: a node could not open mig.backend = \"nvml\"")
 	}
 }
