@@ -2,6 +2,9 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -16,30 +19,19 @@ import (
 )
 
 // criSpec is a container spec as containerd's CRI plugin writes it for a pod
-// with UID "uid-1" in sandbox "sb1": the pod's own binds, default
-// capabilities, masked paths and every namespace.
+// with UID "uid-1" in sandbox "sb1" (testdata/cri-container.json of
+// runtime/specinput): the pod's own binds, default capabilities, masked
+// paths and every namespace.
 func criSpec() *specs.Spec {
-	caps := specinput.DefaultCapabilities()
-	return &specs.Spec{
-		Annotations: map[string]string{cri.AnnotationContainerName: "main", cri.AnnotationImageName: "registry.local/app:1"},
-		Process:     &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}},
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/etc/hosts", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/etc-hosts", Options: []string{"rbind", "rw"}},
-			{Destination: "/dev/termination-log", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/containers/main/0a1b", Options: []string{"rbind"}},
-			{Destination: "/var/run/secrets/kubernetes.io/serviceaccount", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~projected/kube-api-access", Options: []string{"rbind", "ro"}},
-			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/sb1/resolv.conf", Options: []string{"rbind", "ro"}},
-			{Destination: "/dev/shm", Type: "bind", Source: "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/sb1/shm", Options: []string{"rbind", "ro"}},
-		},
-		Linux: &specs.Linux{
-			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
-				{Type: specs.NetworkNamespace, Path: "/proc/42/ns/net"},
-			},
-			MaskedPaths:   []string{"/proc/kcore"},
-			ReadonlyPaths: []string{"/proc/sys"},
-		},
+	b, err := os.ReadFile(filepath.Join("specinput", "testdata", "cri-container.json"))
+	if err != nil {
+		panic(err)
 	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		panic(err)
+	}
+	return &spec
 }
 
 // TestNodeRefusesHostNetworkSandbox: a sandbox spec without a network
