@@ -2,9 +2,7 @@ package runtime
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
+	"github.com/bulkhead-runtime/bulkhead/runtime/specinput/specinputtest"
 	"slices"
 	"strings"
 	"testing"
@@ -17,22 +15,6 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/runtime/specinput"
 	testnode "github.com/bulkhead-runtime/bulkhead/test/node"
 )
-
-// criSpec is a container spec as containerd's CRI plugin writes it for a pod
-// with UID "uid-1" in sandbox "sb1" (testdata/cri-container.json of
-// runtime/specinput): the pod's own binds, default capabilities, masked
-// paths and every namespace.
-func criSpec() *specs.Spec {
-	b, err := os.ReadFile(filepath.Join("specinput", "testdata", "cri-container.json"))
-	if err != nil {
-		panic(err)
-	}
-	var spec specs.Spec
-	if err := json.Unmarshal(b, &spec); err != nil {
-		panic(err)
-	}
-	return &spec
-}
 
 // TestNodeRefusesHostNetworkSandbox: a sandbox spec without a network
 // namespace (what containerd writes for hostNetwork) is judged as host
@@ -117,7 +99,7 @@ func TestAdmitContainerJudgesTheSpec(t *testing.T) {
 	for _, tt := range tests {
 		sb, _ := sandboxSpec(tt.ns, "pod", nil)
 		sb.ID, sb.UID = "sb1", "uid-1"
-		spec := criSpec()
+		spec := specinputtest.CRISpec()
 		tt.edit(spec)
 		err := p.AdmitContainer(ctx, sb, nil, "c1", spec)
 		switch {
@@ -129,27 +111,6 @@ func TestAdmitContainerJudgesTheSpec(t *testing.T) {
 			t.Errorf("refusal %q does not read like a sandbox refusal", err)
 		}
 	}
-}
-
-// withMemoryLimit sets the container's memory limit as containerd's CRI
-// plugin writes it (WithResources): the limit, swap equal to it, and the
-// CPU shares the kubelet always passes.
-func withMemoryLimit(n int64) func(*specs.Spec) {
-	return func(s *specs.Spec) {
-		shares := uint64(2)
-		s.Linux.Resources = &specs.LinuxResources{
-			CPU:    &specs.LinuxCPU{Shares: &shares},
-			Memory: &specs.LinuxMemory{Limit: &n, Swap: &n},
-		}
-	}
-}
-
-// withoutMemoryLimit is a container without a memory limit as containerd
-// writes it: the kubelet passes memory_limit_in_bytes 0, and containerd
-// leaves an empty memory section.
-func withoutMemoryLimit(s *specs.Spec) {
-	shares := uint64(2)
-	s.Linux.Resources = &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares}, Memory: &specs.LinuxMemory{}}
 }
 
 // testPipelineEnforcing is testPipeline on a copy of the default bundle
@@ -188,14 +149,14 @@ func TestNodeRefusesUnlimitedSidecar(t *testing.T) {
 		if _, err := place(t, p, sb, spec); err != nil {
 			t.Fatalf("deny=%v: the 1Mi sandbox refused: %v", deny, err)
 		}
-		main := criSpec()
-		withMemoryLimit(1 << 20)(main)
+		main := specinputtest.CRISpec()
+		specinputtest.WithMemoryLimit(1 << 20)(main)
 		if err := p.AdmitContainer(ctx, sb, nil, "c1", main); err != nil {
 			t.Errorf("deny=%v: the 1Mi container refused: %v", deny, err)
 		}
-		sidecar := criSpec()
+		sidecar := specinputtest.CRISpec()
 		sidecar.Annotations[cri.AnnotationContainerName] = "sidecar"
-		withoutMemoryLimit(sidecar)
+		specinputtest.WithoutMemoryLimit(sidecar)
 		err := p.AdmitContainer(ctx, sb, nil, "c2", sidecar)
 		switch {
 		case !deny && err != nil:
@@ -242,7 +203,7 @@ func TestAdmitContainerJudgesVolumeTypes(t *testing.T) {
 	for _, tt := range tests {
 		sb, _ := sandboxSpec(tt.ns, "pod", nil)
 		sb.ID, sb.UID = "sb1", "uid-1"
-		spec := criSpec()
+		spec := specinputtest.CRISpec()
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/data", Type: "bind", Source: "/var/lib/kubelet/pods/uid-1/volumes/" + tt.plugin + "/v", Options: []string{"rbind"}})
 		err := p.AdmitContainer(ctx, sb, nil, "c1", spec)
 		switch {
@@ -256,7 +217,7 @@ func TestAdmitContainerJudgesVolumeTypes(t *testing.T) {
 	// trusted, not a host path.
 	sb, _ := sandboxSpec("agents", "pod", nil)
 	sb.ID, sb.UID = "sb1", "uid-1"
-	spec := criSpec()
+	spec := specinputtest.CRISpec()
 	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/model", Type: "bind", Source: "/run/containerd/io.containerd.grpc.v1.cri/image-volumes/sb1/4e5f", Options: []string{"rbind", "ro"}})
 	if err := p.AdmitContainer(ctx, sb, nil, "c1", spec); err == nil || !strings.Contains(err.Error(), "[workload.volume_type] ") || strings.Contains(err.Error(), "workload.host_path") {
 		t.Errorf("image volume: AdmitContainer = %v, want workload.volume_type alone", err)

@@ -2,8 +2,8 @@ package runtime
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"github.com/bulkhead-runtime/bulkhead/runtime/specinput/specinputtest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -45,20 +45,6 @@ func TestChargeAfter(t *testing.T) {
 			t.Errorf("%s: chargeAfter(%d, %s=%d) = %d, want %d", tt.name, tt.charge, tt.id, tt.limit, got, tt.want)
 		}
 	}
-}
-
-// resourcesAny is a task update's resources as containerd sends them.
-func resourcesAny(t testing.TB, r *specs.LinuxResources) *anypb.Any {
-	t.Helper()
-	data, err := json.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources", Value: data}
-}
-
-func memoryResources(limit int64) *specs.LinuxResources {
-	return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}, CPU: &specs.LinuxCPU{}}
 }
 
 // updatePod is a pod of tenant agents (untrusted, memory quota 8Gi in
@@ -146,7 +132,7 @@ func TestPodUpdateJudgedAgainstQuota(t *testing.T) {
 	applied := 0
 	apply := func() error { applied++; return nil }
 	update := func(up *updatePod, limit int64, act func() error) error {
-		return up.Update(ctx, up.sandbox.ID+"-app", resourcesAny(t, memoryResources(limit)), act)
+		return up.Update(ctx, up.sandbox.ID+"-app", specinputtest.ResourcesAny(t, specinputtest.MemoryResources(limit)), act)
 	}
 
 	// 2Gi + 3Gi held; one asks for 6Gi: 3 + 6 > 8.
@@ -193,7 +179,7 @@ func TestPodUpdateJudgedAgainstQuota(t *testing.T) {
 	// CPU only: nothing charged, nothing refused, even with the tenant full.
 	before := applied
 	cpu := &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: new(uint64)}}
-	if err := one.Update(ctx, "one-app", resourcesAny(t, cpu), apply); err != nil || applied != before+1 || one.charged(t) != 4*gi {
+	if err := one.Update(ctx, "one-app", specinputtest.ResourcesAny(t, cpu), apply); err != nil || applied != before+1 || one.charged(t) != 4*gi {
 		t.Errorf("CPU-only update: %v, charge %d", err, one.charged(t))
 	}
 
@@ -208,7 +194,7 @@ func TestPodUpdateJudgedAgainstQuota(t *testing.T) {
 	if err := one.Update(ctx, "one-app", &anypb.Any{TypeUrl: "x/WindowsResources"}, apply); !errors.As(err, &refused) || !strings.Contains(err.Error(), "["+RuleResourcesInvalid+"] ") || applied != before {
 		t.Errorf("undecodable resources: %v", err)
 	}
-	if err := one.Update(ctx, "nosuch", resourcesAny(t, memoryResources(gi)), apply); err == nil || !strings.Contains(err.Error(), "not a live container") || applied != before {
+	if err := one.Update(ctx, "nosuch", specinputtest.ResourcesAny(t, specinputtest.MemoryResources(gi)), apply); err == nil || !strings.Contains(err.Error(), "not a live container") || applied != before {
 		t.Errorf("unknown container: %v", err)
 	}
 }
@@ -264,7 +250,7 @@ func TestPodUpdateLimitMissingFollowsEnforcement(t *testing.T) {
 	}
 	up := newUpdatePod(t, pl, "strict", 2*gi, 2*gi)
 	applied := 0
-	err = up.Update(context.Background(), "strict-app", resourcesAny(t, memoryResources(-1)), func() error { applied++; return nil })
+	err = up.Update(context.Background(), "strict-app", specinputtest.ResourcesAny(t, specinputtest.MemoryResources(-1)), func() error { applied++; return nil })
 	if err == nil || !strings.Contains(err.Error(), "[quota.memory_limit_missing] ") || applied != 0 || up.charged(t) != 2*gi {
 		t.Fatalf("lifting the limit under deny: %v, applied %d, charge %d; want a [quota.memory_limit_missing] refusal and nothing changed", err, applied, up.charged(t))
 	}
@@ -280,7 +266,7 @@ func BenchmarkPodUpdate(b *testing.B) {
 		b.Fatal(err)
 	}
 	up := newUpdatePod(b, pl, "bench", 2*gi, 2*gi)
-	grow, shrink := resourcesAny(b, memoryResources(3*gi)), resourcesAny(b, memoryResources(2*gi))
+	grow, shrink := specinputtest.ResourcesAny(b, specinputtest.MemoryResources(3*gi)), specinputtest.ResourcesAny(b, specinputtest.MemoryResources(2*gi))
 	i := 0
 	for b.Loop() {
 		r := grow

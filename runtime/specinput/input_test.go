@@ -1,6 +1,7 @@
 package specinput
 
 import (
+	"github.com/bulkhead-runtime/bulkhead/runtime/specinput/specinputtest"
 	"strings"
 	"testing"
 
@@ -20,7 +21,7 @@ func testPod() Pod {
 // the pod's memory total, its GPU request and the host namespaces its spec
 // shares; an annotation that cannot be read is an error naming it.
 func TestSandboxReadsRequestsAndHostNamespaces(t *testing.T) {
-	spec := criSpec()
+	spec := specinputtest.CRISpec()
 	spec.Annotations[cri.AnnotationSandboxMemory] = "1073741824"
 	hostIPC(spec)
 	pod := testPod()
@@ -58,7 +59,7 @@ func TestSandboxReadsRequestsAndHostNamespaces(t *testing.T) {
 // namespace of its own is on the host's network whatever the container's
 // spec says.
 func TestContainerJudgesWhatItAsks(t *testing.T) {
-	spec := criSpec()
+	spec := specinputtest.CRISpec()
 	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/host", Type: "bind", Source: "/", Options: []string{"rbind"}})
 	in := Container(testPod(), "c1", spec, testDirs, nil)
 	if in.Kind != policy.KindContainer || len(in.Pod.Containers) != 1 {

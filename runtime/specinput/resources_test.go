@@ -1,7 +1,7 @@
 package specinput
 
 import (
-	"encoding/json"
+	"github.com/bulkhead-runtime/bulkhead/runtime/specinput/specinputtest"
 	"strings"
 	"testing"
 
@@ -53,22 +53,8 @@ func withUnified(r *specs.LinuxResources, v string) *specs.LinuxResources {
 	return r
 }
 
-// resourcesAny is a task update's resources as containerd sends them.
-func resourcesAny(t testing.TB, r *specs.LinuxResources) *anypb.Any {
-	t.Helper()
-	data, err := json.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources", Value: data}
-}
-
-func memoryResources(limit int64) *specs.LinuxResources {
-	return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}, CPU: &specs.LinuxCPU{}}
-}
-
 func TestDecodeResources(t *testing.T) {
-	good := resourcesAny(t, memoryResources(gi))
+	good := specinputtest.ResourcesAny(t, specinputtest.MemoryResources(gi))
 	if r, err := DecodeResources(good); err != nil || *r.Memory.Limit != gi {
 		t.Fatalf("DecodeResources(1Gi) = %+v, %v", r, err)
 	}

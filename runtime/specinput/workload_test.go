@@ -1,7 +1,7 @@
 package specinput
 
 import (
-	"encoding/json"
+	"github.com/bulkhead-runtime/bulkhead/runtime/specinput/specinputtest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,22 +13,6 @@ import (
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
 )
-
-// criSpec is a container spec as containerd's CRI plugin writes it for a pod
-// with UID "uid-1" in sandbox "sb1" (testdata/cri-container.json of
-// runtime/specinput): the pod's own binds, default capabilities, masked
-// paths and every namespace.
-func criSpec() *specs.Spec {
-	b, err := os.ReadFile(filepath.Join("testdata", "cri-container.json"))
-	if err != nil {
-		panic(err)
-	}
-	var spec specs.Spec
-	if err := json.Unmarshal(b, &spec); err != nil {
-		panic(err)
-	}
-	return &spec
-}
 
 func testFiles() podFiles {
 	return podFiles{
@@ -92,9 +76,9 @@ func TestContainerOf(t *testing.T) {
 		}}, want: policy.Container{Devices: []string{"/dev/kvm", "/dev/infiniband/uverbs0"}}},
 		{name: "privileged: every capability", edit: []func(*specs.Spec){addCaps(privilegedCapabilities...)},
 			want: policy.Container{Privileged: true, AddedCapabilities: []string{"BPF", "MAC_ADMIN", "NET_ADMIN", "SYS_ADMIN", "SYS_BOOT", "SYS_MODULE", "SYS_PTRACE", "SYS_RAWIO"}}},
-		{name: "memory limit", edit: []func(*specs.Spec){withMemoryLimit(1 << 20)}, want: policy.Container{MemoryBytes: 1 << 20}},
-		{name: "no memory limit: containerd leaves it unset", edit: []func(*specs.Spec){withoutMemoryLimit}, want: policy.Container{}},
-		{name: "OCI's unlimited -1 is no limit", edit: []func(*specs.Spec){withMemoryLimit(-1)}, want: policy.Container{}},
+		{name: "memory limit", edit: []func(*specs.Spec){specinputtest.WithMemoryLimit(1 << 20)}, want: policy.Container{MemoryBytes: 1 << 20}},
+		{name: "no memory limit: containerd leaves it unset", edit: []func(*specs.Spec){specinputtest.WithoutMemoryLimit}, want: policy.Container{}},
+		{name: "OCI's unlimited -1 is no limit", edit: []func(*specs.Spec){specinputtest.WithMemoryLimit(-1)}, want: policy.Container{}},
 		{name: "hostIPC: the host's /dev/shm is the namespace's, not a host path", edit: []func(*specs.Spec){hostIPC, bind("/dev/shm", "/dev/shm", "rw")},
 			want: policy.Container{}},
 		{name: "the host's /dev/shm without hostIPC is a host path", edit: []func(*specs.Spec){bind("/dev/shm", "/dev/shm", "rw")},
@@ -109,7 +93,7 @@ func TestContainerOf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			spec := criSpec()
+			spec := specinputtest.CRISpec()
 			for _, e := range tt.edit {
 				e(spec)
 			}
@@ -129,7 +113,7 @@ func hostIPC(s *specs.Spec) {
 }
 
 func TestHostNamespaces(t *testing.T) {
-	spec := criSpec()
+	spec := specinputtest.CRISpec()
 	if n, p, i := hostNamespaces(spec); n || p || i {
 		t.Errorf("pod namespaces read as host: %v %v %v", n, p, i)
 	}
@@ -175,27 +159,6 @@ func TestResolveBindFollowsTheMountTable(t *testing.T) {
 	}
 }
 
-// withMemoryLimit sets the container's memory limit as containerd's CRI
-// plugin writes it (WithResources): the limit, swap equal to it, and the
-// CPU shares the kubelet always passes.
-func withMemoryLimit(n int64) func(*specs.Spec) {
-	return func(s *specs.Spec) {
-		shares := uint64(2)
-		s.Linux.Resources = &specs.LinuxResources{
-			CPU:    &specs.LinuxCPU{Shares: &shares},
-			Memory: &specs.LinuxMemory{Limit: &n, Swap: &n},
-		}
-	}
-}
-
-// withoutMemoryLimit is a container without a memory limit as containerd
-// writes it: the kubelet passes memory_limit_in_bytes 0, and containerd
-// leaves an empty memory section.
-func withoutMemoryLimit(s *specs.Spec) {
-	shares := uint64(2)
-	s.Linux.Resources = &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares}, Memory: &specs.LinuxMemory{}}
-}
-
 // TestMountedVolumes: the node tells a pod's volumes from where the kubelet
 // bound them from (<kubelet root>/pods/<uid>/volumes/<plugin>/<name>), as
 // a real kubelet's container specs show them; a subPath is resolved first.
@@ -233,7 +196,7 @@ func TestMountedVolumes(t *testing.T) {
 	token := policy.Volume{Name: "kube-api-access", Type: "projected"}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			spec := criSpec()
+			spec := specinputtest.CRISpec()
 			spec.Mounts = append(spec.Mounts,
 				specs.Mount{Destination: "/data", Type: "bind", Source: tt.source, Options: []string{"rbind", "rw"}},
 				specs.Mount{Destination: "/again", Type: "bind", Source: tt.source, Options: []string{"rbind", "ro"}},
@@ -246,11 +209,11 @@ func TestMountedVolumes(t *testing.T) {
 	}
 }
 
-// TestCRISpecHasTheDefaultCapabilities keeps testdata/cri-container.json's
+// TestCRISpecHasTheDefaultCapabilities keeps specinputtest.CRISpec's
 // capabilities containerd's default set, which the tests of both this
 // package and package runtime read as "asks the host for nothing".
 func TestCRISpecHasTheDefaultCapabilities(t *testing.T) {
-	if got := criSpec().Process.Capabilities.Bounding; !slices.Equal(got, defaultCapabilities) {
-		t.Errorf("testdata/cri-container.json bounding capabilities = %v, want %v", got, defaultCapabilities)
+	if got := specinputtest.CRISpec().Process.Capabilities.Bounding; !slices.Equal(got, defaultCapabilities) {
+		t.Errorf("specinputtest.CRISpec bounding capabilities = %v, want %v", got, defaultCapabilities)
 	}
 }
