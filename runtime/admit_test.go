@@ -29,6 +29,7 @@ func TestNodeRefusesHostNetworkSandbox(t *testing.T) {
 		sb, spec := sandboxSpec(tt.ns, "hostnet", nil)
 		spec.Linux.Namespaces = slices.DeleteFunc(spec.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.NetworkNamespace })
 		sb = SandboxFromSpec(sb.ID, sb.Bundle, spec)
+		sb.Runtime = policy.RuntimeGVisor
 		_, err := place(t, p, sb, spec)
 		if tt.allow {
 			if err != nil {
@@ -124,7 +125,7 @@ func testPipelineEnforcing(t *testing.T, enforcement map[string]string) *Pipelin
 	}
 	cfg := testConfig(t)
 	cfg.Policy.Bundle = dir
-	p, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
+	p, err := OpenPipeline(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ func (p *Pipeline) AdmitContainer(ctx context.Context, sb *node.Sandbox, a *Admi
 	if err != nil || !d.Allow {
 		return refusal(sb, d, err)
 	}
-	if p.runtimeOf(sb) == policy.RuntimeRunc && a != nil && a.Reservation != nil && a.Reservation.Endpoint != nil && sb.NetNS != "" {
+	if sb.Runtime == policy.RuntimeRunc && a != nil && a.Reservation != nil && a.Reservation.Endpoint != nil && sb.NetNS != "" {
 		return checkInterfaces(sb, a.Reservation)
 	}
 	return nil

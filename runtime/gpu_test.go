@@ -32,8 +32,8 @@ func TestGPUCDISpecLivesWithThePod(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			p := testPipelineWith(t, func(cfg *config.Config) { cfg.MIG.CDISpecDir = dir })
-			p.runtime = tt.runtime
 			sb, spec := sandboxSpec(tt.ns, "gpu", map[string]string{policy.AnnotationGPUProfile: tt.profile})
+			sb.Runtime = tt.runtime
 			if tt.runtime == policy.RuntimeRunc {
 				sb.Handler = RuncHandler
 			}

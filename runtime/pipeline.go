@@ -3,7 +3,6 @@ package runtime
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"time"
 
@@ -18,10 +17,6 @@ import (
 // what outlives each pod, the pipeline only adds the policy it asks.
 type Pipeline struct {
 	node *node.Node
-	// runtime runs the sandboxes that do not name theirs (Sandbox.Runtime):
-	// policy.RuntimeGVisor or policy.RuntimeRunc. A decision for another
-	// runtime than the sandbox's is refused.
-	runtime string
 	decider policy.Decider
 	// tenants remembers which tenant the policy in force gives each
 	// namespace, so that reserve asks the policy once per pod.
@@ -41,23 +36,17 @@ func NewPipeline(n *node.Node, d policy.Decider) *Pipeline {
 		}
 		inner = w.Unwrap()
 	}
-	return &Pipeline{node: n, runtime: policy.RuntimeGVisor, decider: d, tenants: policy.NewNamespaceTenants(inner), failAt: failAtFromEnv()}
+	return &Pipeline{node: n, decider: d, tenants: policy.NewNamespaceTenants(inner), failAt: failAtFromEnv()}
 }
 
 // OpenPipeline opens the node and the policy engine named by the
-// configuration, for pods that run in runtime (policy.RuntimeGVisor or
-// policy.RuntimeRunc) unless their record names another.
-func OpenPipeline(ctx context.Context, cfg config.Config, runtime string) (*Pipeline, error) {
-	if runtime != policy.RuntimeGVisor && runtime != policy.RuntimeRunc {
-		return nil, fmt.Errorf("pipeline: runtime %q is not %s or %s", runtime, policy.RuntimeGVisor, policy.RuntimeRunc)
-	}
+// configuration.
+func OpenPipeline(ctx context.Context, cfg config.Config) (*Pipeline, error) {
 	n, eng, err := Open(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	p := NewPipeline(n, eng)
-	p.runtime = runtime
-	return p, nil
+	return NewPipeline(n, eng), nil
 }
 
 // Node is what the pipeline places pods on.
@@ -136,10 +125,3 @@ func Open(ctx context.Context, cfg config.Config) (*node.Node, *policy.Engine, e
 // Stage is how long one stage of a sandbox's create took.
 type Stage = starttrace.Stage
 
-// runtimeOf is the runtime sandbox sb runs in.
-func (p *Pipeline) runtimeOf(sb *node.Sandbox) string {
-	if sb.Runtime != "" {
-		return sb.Runtime
-	}
-	return p.runtime
-}

@@ -41,7 +41,7 @@ func testPipelineWith(t *testing.T, edit func(*config.Config)) *Pipeline {
 	if edit != nil {
 		edit(&cfg)
 	}
-	p, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
+	p, err := OpenPipeline(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func sandboxSpec(ns, name string, ann map[string]string) (*node.Sandbox, *specs.
 		spec.Annotations[k] = v
 	}
 	sb := SandboxFromSpec(ns+"-"+name, "/bundle", spec)
-	sb.CreatedAt = time.Now()
+	sb.CreatedAt, sb.Runtime = time.Now(), policy.RuntimeGVisor
 	return sb, spec
 }
 
@@ -268,7 +268,7 @@ func TestPipelineRefusesUnsignedBundle(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
+	_, err = OpenPipeline(context.Background(), cfg)
 	if err == nil || !strings.Contains(err.Error(), "policy") {
 		t.Fatalf("OpenPipeline with an unsigned bundle = %v, want a policy verification error", err)
 	}
@@ -299,7 +299,7 @@ func TestPodRefusedWhenTheFenceCannotLoad(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor); err == nil || !strings.Contains(err.Error(), "netpol") {
+	if _, err := OpenPipeline(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "netpol") {
 		t.Fatalf("OpenPipeline with a fence that cannot load = %v, want a netpol error", err)
 	}
 }

@@ -133,7 +133,7 @@ func ResumePod(opts PodOptions, id string) (*Pod, error) {
 	if sb.Phase != node.PhaseCreated {
 		return nil, fmt.Errorf("sandbox %s: resume: its create never finished (phase %s)", id, sb.Phase)
 	}
-	if sb.Runtime != "" && sb.Runtime != opts.Runtime {
+	if sb.Runtime != opts.Runtime {
 		return nil, fmt.Errorf("sandbox %s: resume: admitted for runtime %s, called by a %s shim", id, sb.Runtime, opts.Runtime)
 	}
 	if sb.Limits == nil {

@@ -152,7 +152,7 @@ func TestPodRefusedSandboxLeavesNothing(t *testing.T) {
 func TestResumePodServesWhatAnotherAgentAdmitted(t *testing.T) {
 	ctx := context.Background()
 	cfg := testConfig(t)
-	pl, err := OpenPipeline(ctx, cfg, policy.RuntimeGVisor)
+	pl, err := OpenPipeline(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,10 +53,10 @@ func (p *Pipeline) reserve(ctx context.Context, sb *node.Sandbox, in policy.Inpu
 		}
 		// The policy picks the runtime from the handler; this shim runs
 		// one runtime and starts nothing in another.
-		if d.Runtime != p.runtimeOf(sb) {
+		if d.Runtime != sb.Runtime {
 			return &RefusedError{Namespace: sb.Namespace, Pod: sb.Name, Tenant: d.Tenant, Reasons: []policy.Reason{{
 				Rule:    RuleRuntimeMismatch,
-				Message: fmt.Sprintf("handler %q runs %s here, but the policy chose runtime %q for it (data.bulkhead.handlers)", sb.Handler, p.runtimeOf(sb), d.Runtime),
+				Message: fmt.Sprintf("handler %q runs %s here, but the policy chose runtime %q for it (data.bulkhead.handlers)", sb.Handler, sb.Runtime, d.Runtime),
 			}}}
 		}
 		res := &node.Reservation{
@@ -146,7 +146,7 @@ func (p *Pipeline) placeGPU(sb *node.Sandbox, d policy.Decision, req *policy.GPU
 	} else {
 		// gVisor's nvproxy cannot expose MIG capability devices: apply the
 		// policy's answer instead of starting a sandbox that cannot use its GPU.
-		mode, err := mig.SandboxGPUMode(p.runtimeOf(sb), d.GPU.MIGInSandbox)
+		mode, err := mig.SandboxGPUMode(sb.Runtime, d.GPU.MIGInSandbox)
 		if err != nil {
 			return mig.Placement{}, refuse("gpu.mig_in_gvisor", err.Error())
 		}

@@ -244,7 +244,7 @@ func TestPodUpdateLimitMissingFollowsEnforcement(t *testing.T) {
 	if err := testnode.EnforcingBundle(cfg.Policy.Bundle, "../rego", map[string]string{"quota.memory_limit_missing": "deny"}); err != nil {
 		t.Fatal(err)
 	}
-	pl, err := OpenPipeline(context.Background(), cfg, policy.RuntimeGVisor)
+	pl, err := OpenPipeline(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestPodUpdateLimitMissingFollowsEnforcement(t *testing.T) {
 // written before) and a shrink (a container decision, the ledger written
 // after), alternately.
 func BenchmarkPodUpdate(b *testing.B) {
-	pl, err := OpenPipeline(context.Background(), testConfig(b), policy.RuntimeGVisor)
+	pl, err := OpenPipeline(context.Background(), testConfig(b))
 	if err != nil {
 		b.Fatal(err)
 	}
