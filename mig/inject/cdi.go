@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"sort"
@@ -122,23 +123,7 @@ func WriteCDISpec(dir, owner string, spec *cdi.Spec) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("cdi spec dir: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return "", fmt.Errorf("cdi spec dir: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return "", err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return "", err
-	}
-	if err := tmp.Close(); err != nil {
-		return "", err
-	}
-	return path, os.Rename(tmp.Name(), path)
+	return path, atomicfile.Write(path, data, 0o644)
 }
 
 // RemoveCDISpec removes owner's spec of kind from dir. Removing a spec

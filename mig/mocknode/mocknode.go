@@ -18,8 +18,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/bulkhead-runtime/bulkhead/internal/atomicfile"
 	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"syscall"
@@ -241,19 +241,7 @@ func (n *Node) write(st *mockState) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(n.path), ".mocknode-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), n.path)
+	return atomicfile.Write(n.path, data, 0o600)
 }
 
 // do runs fn on the current state; a write also persists it. Errors reading
