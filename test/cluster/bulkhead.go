@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -183,7 +184,7 @@ func (in *Install) Apply(ctx context.Context, c *Cluster) error {
 		return err
 	}
 	for _, args := range [][]string{
-		{"label", "node", NodeName, "bulkhead.dev/node=true"},
+		{"label", "node", "--all", "bulkhead.dev/node=true"},
 		{"apply", "-k", in.Overlay},
 	} {
 		in.log("install: kubectl %s", strings.Join(args, " "))
@@ -191,7 +192,49 @@ func (in *Install) Apply(ctx context.Context, c *Cluster) error {
 			return fmt.Errorf("install: kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
+	if err := in.AgentsAsServiceAccount(ctx, c); err != nil {
+		return err
+	}
 	return in.StartWebhook(ctx, c)
+}
+
+// AgentsAsServiceAccount restarts every node's agent with the token of the
+// DaemonSet's ServiceAccount, as its agent container runs: from here on
+// only deploy/'s RBAC grants the agents anything (Events, the pods,
+// Services and EndpointSlices the fence learns).
+func (in *Install) AgentsAsServiceAccount(ctx context.Context, c *Cluster) error {
+	out, err := c.Kubectl(ctx, "kustomize", filepath.Join(in.Repo, "deploy"))
+	if err != nil {
+		return fmt.Errorf("install: kubectl kustomize deploy: %v\n%s", err, out)
+	}
+	var ds *appsv1.DaemonSet
+	for _, doc := range strings.Split(out, "\n---\n") {
+		var d appsv1.DaemonSet
+		if yaml.Unmarshal([]byte(doc), &d) == nil && d.Kind == "DaemonSet" && d.Name == "bulkhead-node" {
+			ds = &d
+		}
+	}
+	if ds == nil || ds.Spec.Template.Spec.ServiceAccountName == "" {
+		return errors.New("install: deploy/ renders no DaemonSet bulkhead-node with a serviceAccountName")
+	}
+	sa := ds.Spec.Template.Spec.ServiceAccountName
+	for _, w := range c.Nodes {
+		tok, err := c.Kubectl(ctx, "-n", ds.Namespace, "create", "token", sa, "--duration=4h")
+		if err != nil {
+			return fmt.Errorf("install: token of %s: %v\n%s", sa, err, tok)
+		}
+		if err := c.writeTokenKubeconfig(w.AgentKubeconfig, "system:serviceaccount:"+ds.Namespace+":"+sa, strings.TrimSpace(tok)); err != nil {
+			return err
+		}
+		in.log("install: node %s: the agent restarts as ServiceAccount %s/%s", w.Name, ds.Namespace, sa)
+		if err := w.Node.StopAgent(ctx); err != nil {
+			return fmt.Errorf("install: node %s: %w", w.Name, err)
+		}
+		if err := w.Node.StartAgent(ctx); err != nil {
+			return fmt.Errorf("install: node %s: %w", w.Name, err)
+		}
+	}
+	return nil
 }
 
 // StartWebhook runs ./bin/bulkhead-webhook as the Deployment would: its
@@ -394,14 +437,25 @@ func copyTree(src, dst string) error {
 	})
 }
 
-// ShimConfig returns the [policy], [mig] and [netpol] TOML of the test
-// node's shim: the same signed bundle and key as the webhook's ConfigMap
+// ShimConfig returns the [policy], [mig] and [netpol] TOML of a test
+// node's agent: the same signed bundle and key as the webhook's ConfigMap
 // (deploy/node/config.toml's [policy] names them under /etc/bulkhead), a
 // mock H200 for MIG slices (state in dir), and the eBPF fence pinned at
-// pinDir with the node's pod subnet and the cluster's Service range.
-func (in *Install) ShimConfig(dir, subnet, pinDir string) string {
+// pinDir. The fence's cluster is every node's pods (clusterCIDRs, not just
+// this node's subnet: another node's pod the agent has not learned is an
+// unknown cluster address, never the outside world) and the Services; the
+// shared service of every tier is the node's own bridge gateway (subnet's
+// and subnet6's first address).
+func (in *Install) ShimConfig(dir, subnet, subnet6, pinDir string, clusterCIDRs []string) string {
 	ip, _, _ := strings.Cut(subnet, "/")
-	gw := strings.TrimSuffix(ip, ".0") + ".1"
+	shared := fmt.Sprintf("%q", strings.TrimSuffix(ip, ".0")+".1/32")
+	if subnet6 != "" {
+		shared += fmt.Sprintf(", %q", netip.MustParsePrefix(subnet6).Masked().Addr().Next().String()+"/128")
+	}
+	var cidrs []string
+	for _, c := range append(append([]string{}, clusterCIDRs...), ServiceCIDR, ServiceCIDR6) {
+		cidrs = append(cidrs, fmt.Sprintf("%q", c))
+	}
 	return fmt.Sprintf(`[policy]
 bundle = %q
 key_file = %q
@@ -417,11 +471,11 @@ mock_state = %q
 enabled = true
 pin_dir = %q
 lock_path = %q
-cluster_cidrs = [%q, %q]
+cluster_cidrs = [%s]
 [netpol.shared_services]
-untrusted = ["%s/32"]
-standard = ["%s/32"]
-trusted = ["%s/32"]
+untrusted = [%s]
+standard = [%s]
+trusted = [%s]
 `, in.Bundle(), in.BundleKey(), filepath.Join(dir, "decisions.log"), filepath.Join(dir, "mock-gpus.json"),
-		pinDir, filepath.Join(dir, "netpol.lock"), subnet, ServiceCIDR, gw, gw, gw)
+		pinDir, filepath.Join(dir, "netpol.lock"), strings.Join(cidrs, ", "), shared, shared, shared)
 }

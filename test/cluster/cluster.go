@@ -1,15 +1,23 @@
-// Package cluster starts a private one-node Kubernetes cluster for tests and
-// the demo: etcd, kube-apiserver (its own CA, authorization Node,RBAC, the
-// admission plugins a real cluster runs), kube-controller-manager,
-// kube-scheduler and a kubelet whose container runtime is test/node's
-// private containerd with Bulkhead's shims registered, and test/node's node
-// agent, which emits its Events through the admin's kubeconfig.
+// Package cluster starts a private Kubernetes cluster of one or more nodes
+// for tests and the demo: etcd, kube-apiserver (its own CA, authorization
+// Node,RBAC, the admission plugins a real cluster runs),
+// kube-controller-manager, kube-scheduler, one kube-proxy, and per node a
+// kubelet whose container runtime is a test/node private containerd with
+// Bulkhead's shims registered, its own CNI bridge and pod CIDRs (IPv4 and
+// IPv6) and its own node agent.
+//
+// The nodes share the host's network namespace, as pods of two machines
+// share a routed network: each node's bridge is a route of the host's, so
+// a pod of one node reaches a pod of the other through the host's routing,
+// and each node's agent fences only its own pods' veths, learning the other
+// node's pods from the API server as it would across machines. For the same
+// reason one kube-proxy serves both (its nftables tables are the host's).
 //
 // Invariant: everything a cluster creates lives under its directory or is
-// named after it (the kubelet's cgroup root, the webhook's link, the
-// fence's pin directory), listens on loopback or on that link only, and
-// Stop removes all of it: processes, mounts under the kubelet's root,
-// cgroups, pins, links, the kubelet's log symlinks.
+// named after it (the kubelets' cgroup roots, its links, the fences' pin
+// directories, kube-proxy's tables), listens on loopback or on its own
+// link only, and Stop removes all of it: processes, mounts under the
+// kubelets' roots, cgroups, pins, links, tables, the kubelets' log symlinks.
 //
 // The components are the release `make tools` builds (test/cluster/tools);
 // etcd is Debian's etcd-server (test/scripts/deps.sh).
@@ -20,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,27 +40,34 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
-// NodeName is the kubelet's node name (--hostname-override). The API server
-// reaches the kubelet by it (--kubelet-preferred-address-types=Hostname), so
-// exec and logs stay on loopback: the kubelet refuses a loopback --node-ip.
-const NodeName = "localhost"
-
 // Components are the Kubernetes binaries a cluster runs, all from one
 // release (`make tools`).
-var Components = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
+var Components = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl"}
 
-// ServiceCIDR is the cluster's Service range. Nothing routes it (there is
-// no kube-proxy): the API server reaches webhooks through their endpoints
-// (--enable-aggregator-routing).
-const ServiceCIDR = "10.0.0.0/24"
+// ServiceCIDR and ServiceCIDR6 are the cluster's Service ranges (a
+// dual-stack cluster). kube-proxy routes them for pods; the API server
+// reaches webhooks through their endpoints (--enable-aggregator-routing),
+// as it would where no proxy runs on the control plane.
+const (
+	ServiceCIDR  = "10.0.0.0/24"
+	ServiceCIDR6 = "fd10:96::/112"
+)
 
 // Options configures a cluster.
 type Options struct {
 	// Dir holds everything the cluster writes; it must be empty or absent.
 	Dir string
-	// Node configures the private containerd; Dir and the kubelet's root
-	// are set by Start.
-	Node node.Options
+	// Nodes are the cluster's nodes, one or more, started in order.
+	Nodes []NodeOptions
+	// Link names the link that holds the nodes' addresses (at most 15
+	// bytes; an empty bridge, since this kernel has no dummy links): the
+	// kubelets listen there, and the API server reaches them there
+	// (InternalIP), since the kubelet refuses a loopback --node-ip.
+	Link string
+	// ClusterCIDRs are the pod ranges every node's Subnet and Subnet6 lie
+	// in (kube-proxy's clusterCIDR: pods' traffic to a Service keeps its
+	// source address).
+	ClusterCIDRs []string
 	// AdmissionKubeconfig, when set, is the kubeconfig the API server's
 	// webhook admission plugins read (WebhookAdmissionConfiguration's
 	// kubeConfigFile): the client certificates it presents to webhooks.
@@ -63,27 +79,60 @@ type Options struct {
 	Log func(format string, args ...any)
 }
 
-// Cluster is a running cluster.
-type Cluster struct {
-	opts Options
-	dir  string
-	// Node is the private containerd the kubelet drives.
+// NodeOptions configures one node of a cluster.
+type NodeOptions struct {
+	// Name is the node's name (the kubelet's --hostname-override).
+	Name string
+	// Address is the node's IPv4 address (InternalIP), put on the
+	// cluster's Link.
+	Address string
+	// Node configures the node's private containerd and agent: its Bridge,
+	// Subnet and Subnet6 are the node's CNI bridge and pod CIDRs. Dir,
+	// KubeletRoot, AgentKubeconfig and AgentNodeName are set by Start.
+	Node node.Options
+}
+
+// Worker is a running node of the cluster: its kubelet and the private
+// containerd (with the node agent) the kubelet drives.
+type Worker struct {
+	// Name is the node's name in the API server.
+	Name string
+	// Address is the node's InternalIP.
+	Address string
+	// Node is the node's containerd, CNI bridge and agent.
 	Node *node.Node
-	// Kubeconfig is the cluster admin's (system:masters).
-	Kubeconfig string
-	// APIServer is the API server's URL.
-	APIServer string
 	// KubeletRoot is the kubelet's --root-dir.
 	KubeletRoot string
 	// CgroupRoot is the kubelet's cgroupRoot (below every v1 hierarchy).
 	CgroupRoot string
+	// AgentKubeconfig is the file the node agent reaches the API server
+	// with: the admin's until Install.Apply gives it the bulkhead-node
+	// ServiceAccount's token, as the DaemonSet does.
+	AgentKubeconfig string
+
+	opts    NodeOptions
+	kubelet *process
+}
+
+// Cluster is a running cluster.
+type Cluster struct {
+	opts Options
+	dir  string
+	// Nodes are the cluster's nodes, in the order of Options.Nodes.
+	Nodes []*Worker
+	// Kubeconfig is the cluster admin's (system:masters).
+	Kubeconfig string
+	// APIServer is the API server's URL.
+	APIServer string
 	// CAFile signs the API server's certificate and every client's.
 	CAFile string
 
 	pki     *pki
 	procs   []*process
 	etcdURL string
-	onStop  []func()
+	// proxy: kube-proxy was started, so its tables are this cluster's.
+	proxy  bool
+	onStop []func()
 	// madeDirs: host directories the kubelet creates when they are absent
 	// (kubeletHostDirs) that did not exist before it started.
 	madeDirs []string
@@ -116,13 +165,14 @@ func Requirements() error {
 }
 
 // Start brings the cluster up: etcd, API server, controller manager,
-// scheduler, node (containerd and the node agent), kubelet; it returns once
-// the node is Ready and the default ServiceAccount exists. On error
-// everything started is stopped. The node starts after the API server so
-// that the agent's kubeconfig exists when it starts.
+// scheduler, then each node (containerd and the node agent, the kubelet),
+// then kube-proxy; it returns once every node is Ready and the default
+// ServiceAccount exists. On error everything started is stopped. A node
+// starts after the API server so that its agent's kubeconfig exists when
+// the agent starts.
 func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
-	if opts.Dir == "" {
-		return nil, errors.New("cluster: Options.Dir is required")
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
 	if opts.Log == nil {
 		opts.Log = func(string, ...any) {}
@@ -130,13 +180,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := os.MkdirAll(opts.Dir, 0o711); err != nil {
 		return nil, err
 	}
-	c := &Cluster{
-		opts:        opts,
-		dir:         opts.Dir,
-		KubeletRoot: filepath.Join(opts.Dir, "kubelet"),
-		CgroupRoot:  "/" + "bulkhead-cluster-" + filepath.Base(opts.Dir),
-		bin:         map[string]string{},
-	}
+	c := &Cluster{opts: opts, dir: opts.Dir, bin: map[string]string{}}
 	defer func() {
 		if retErr != nil {
 			c.Stop(context.Background())
@@ -148,6 +192,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 			return nil, fmt.Errorf("cluster: needs %s: %w", b, err)
 		}
 		c.bin[b] = p
+	}
+	if err := c.addLink(ctx); err != nil {
+		return nil, err
 	}
 
 	var err error
@@ -164,27 +211,144 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := c.startControllers(ctx); err != nil {
 		return nil, err
 	}
-
-	nodeOpts := opts.Node
-	nodeOpts.Dir = filepath.Join(opts.Dir, "node")
-	nodeOpts.KubeletRoot = c.KubeletRoot
-	// The agent emits a pod's Events on the kubelet's node.
-	nodeOpts.AgentKubeconfig = c.Kubeconfig
-	nodeOpts.AgentNodeName = NodeName
-	opts.Log("cluster: starting containerd and the node agent (test/node) in %s", nodeOpts.Dir)
-	n, err := node.Start(ctx, nodeOpts)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: node: %w", err)
+	for _, no := range opts.Nodes {
+		if err := c.startNode(ctx, no); err != nil {
+			return nil, err
+		}
 	}
-	c.Node = n
-	if pid := n.AgentPID(); pid != 0 {
-		opts.Log("cluster: node agent pid %d on %s (log %s)", pid, n.AgentSocket(), n.AgentLogPath())
+	if err := c.startProxy(ctx); err != nil {
+		return nil, err
 	}
-
-	if err := c.startKubelet(ctx); err != nil {
+	// The controller manager's serviceaccount controller creates it; pods
+	// are refused by the ServiceAccount admission plugin until it does.
+	if err := waitFor(ctx, nil, "ServiceAccount default/default", 2*time.Minute, func(ctx context.Context) error {
+		out, err := c.Kubectl(ctx, "-n", "default", "get", "serviceaccount", "default")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+func (o Options) validate() error {
+	if o.Dir == "" {
+		return errors.New("cluster: Options.Dir is required")
+	}
+	if o.Link == "" || len(o.Link) > 15 {
+		return fmt.Errorf("cluster: Options.Link %q: must be 1 to 15 bytes", o.Link)
+	}
+	if len(o.Nodes) == 0 {
+		return errors.New("cluster: Options.Nodes: at least one node")
+	}
+	if len(o.ClusterCIDRs) == 0 {
+		return errors.New("cluster: Options.ClusterCIDRs: the pod ranges are required")
+	}
+	var cidrs []netip.Prefix
+	for _, s := range o.ClusterCIDRs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return fmt.Errorf("cluster: Options.ClusterCIDRs %q: %w", s, err)
+		}
+		cidrs = append(cidrs, p)
+	}
+	within := func(s string) bool {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return false
+		}
+		for _, c := range cidrs {
+			if c.Contains(p.Addr()) && c.Bits() <= p.Bits() {
+				return true
+			}
+		}
+		return false
+	}
+	names := map[string]bool{}
+	for i, n := range o.Nodes {
+		switch {
+		case n.Name == "" || names[n.Name]:
+			return fmt.Errorf("cluster: Options.Nodes[%d].Name %q: must be set and unique", i, n.Name)
+		case parseAddr4(n.Address) == "":
+			return fmt.Errorf("cluster: Options.Nodes[%d].Address %q: must be an IPv4 address", i, n.Address)
+		case !within(n.Node.Subnet):
+			return fmt.Errorf("cluster: Options.Nodes[%d].Node.Subnet %q: must lie in the ClusterCIDRs %v", i, n.Node.Subnet, o.ClusterCIDRs)
+		case n.Node.Subnet6 != "" && !within(n.Node.Subnet6):
+			return fmt.Errorf("cluster: Options.Nodes[%d].Node.Subnet6 %q: must lie in the ClusterCIDRs %v", i, n.Node.Subnet6, o.ClusterCIDRs)
+		}
+		names[n.Name] = true
+	}
+	return nil
+}
+
+func parseAddr4(s string) string {
+	a, err := netip.ParseAddr(s)
+	if err != nil || !a.Is4() {
+		return ""
+	}
+	return a.String()
+}
+
+// addLink brings up the link that holds the nodes' addresses.
+func (c *Cluster) addLink(ctx context.Context) error {
+	args := [][]string{{"link", "add", c.opts.Link, "type", "bridge"}}
+	for _, n := range c.opts.Nodes {
+		args = append(args, []string{"addr", "add", n.Address + "/32", "dev", c.opts.Link})
+	}
+	args = append(args, []string{"link", "set", c.opts.Link, "up"})
+	for _, a := range args {
+		if out, err := exec.CommandContext(ctx, "ip", a...).CombinedOutput(); err != nil {
+			return fmt.Errorf("cluster: ip %s: %v: %s", strings.Join(a, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// startNode starts one node: its containerd and agent (test/node), then
+// its kubelet, and waits for it to be Ready.
+func (c *Cluster) startNode(ctx context.Context, no NodeOptions) error {
+	w := &Worker{
+		Name: no.Name, Address: no.Address, opts: no,
+		KubeletRoot: filepath.Join(c.dir, no.Name, "kubelet"),
+		CgroupRoot:  "/" + "bulkhead-cluster-" + filepath.Base(c.dir) + "-" + no.Name,
+	}
+	c.Nodes = append(c.Nodes, w)
+	// Until Install.Apply hands it a ServiceAccount, the agent reaches the
+	// API server as the admin (a copy: Apply rewrites this file).
+	w.AgentKubeconfig = filepath.Join(c.dir, no.Name, "agent.kubeconfig")
+	if err := os.MkdirAll(filepath.Dir(w.AgentKubeconfig), 0o711); err != nil {
+		return err
+	}
+	if err := copyFile(c.Kubeconfig, w.AgentKubeconfig, 0o600); err != nil {
+		return err
+	}
+	nodeOpts := no.Node
+	nodeOpts.Dir = filepath.Join(c.dir, no.Name, "node")
+	nodeOpts.KubeletRoot = w.KubeletRoot
+	nodeOpts.AgentKubeconfig = w.AgentKubeconfig
+	nodeOpts.AgentNodeName = no.Name
+	c.opts.Log("cluster: node %s: starting containerd and the node agent (test/node) in %s", no.Name, nodeOpts.Dir)
+	n, err := node.Start(ctx, nodeOpts)
+	if err != nil {
+		return fmt.Errorf("cluster: node %s: %w", no.Name, err)
+	}
+	w.Node = n
+	if pid := n.AgentPID(); pid != 0 {
+		c.opts.Log("cluster: node %s: agent pid %d on %s (log %s)", no.Name, pid, n.AgentSocket(), n.AgentLogPath())
+	}
+	return c.startKubelet(ctx, w)
+}
+
+// Node returns the node named name, or nil.
+func (c *Cluster) Node(name string) *Worker {
+	for _, w := range c.Nodes {
+		if w.Name == name {
+			return w
+		}
+	}
+	return nil
 }
 
 // Dir returns the cluster's directory.
@@ -201,6 +365,12 @@ func freePort() (int, error) {
 
 // run starts a component with its output in <dir>/logs/<name>.log.
 func (c *Cluster) run(name string, args ...string) (*process, error) {
+	return c.runNamed(name, name, args...)
+}
+
+// runNamed starts binary bin (a Components name) as the process name
+// (its log is <dir>/logs/<name>.log): a kubelet per node.
+func (c *Cluster) runNamed(name, bin string, args ...string) (*process, error) {
 	logDir := filepath.Join(c.dir, "logs")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return nil, err
@@ -210,9 +380,8 @@ func (c *Cluster) run(name string, args ...string) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
-	bin := c.bin[name]
-	if bin == "" {
-		bin = name
+	if path := c.bin[bin]; path != "" {
+		bin = path
 	}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
@@ -277,10 +446,13 @@ func (c *Cluster) Logs(lines int) string {
 	for _, p := range c.procs {
 		fmt.Fprintf(&b, "--- %s (%s)\n%s\n", p.name, p.log, logTail(p.log, lines))
 	}
-	if c.Node != nil {
-		fmt.Fprintf(&b, "--- containerd\n%s\n", logTail(filepath.Join(c.Node.Dir(), "containerd.log"), lines))
-		if agentLog := c.Node.AgentLogPath(); fileExists(agentLog) {
-			fmt.Fprintf(&b, "--- bulkhead-agent (%s)\n%s\n", agentLog, logTail(agentLog, lines))
+	for _, w := range c.Nodes {
+		if w.Node == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "--- %s: containerd\n%s\n", w.Name, logTail(filepath.Join(w.Node.Dir(), "containerd.log"), lines))
+		if agentLog := w.Node.AgentLogPath(); fileExists(agentLog) {
+			fmt.Fprintf(&b, "--- %s: bulkhead-agent (%s)\n%s\n", w.Name, agentLog, logTail(agentLog, lines))
 		}
 	}
 	return b.String()
@@ -358,7 +530,11 @@ func (c *Cluster) kubeconfig(name, cn string, orgs ...string) (string, error) {
 // token (a ServiceAccount's) and returns its path.
 func (c *Cluster) TokenKubeconfig(name, user, token string) (string, error) {
 	path := filepath.Join(c.dir, name+".kubeconfig")
-	return path, writeTemplate(path, kubeconfigTmpl, map[string]string{
+	return path, c.writeTokenKubeconfig(path, user, token)
+}
+
+func (c *Cluster) writeTokenKubeconfig(path, user, token string) error {
+	return writeTemplate(path, kubeconfigTmpl, map[string]string{
 		"Server": c.APIServer, "CA": c.CAFile, "User": user, "Token": token,
 	})
 }
@@ -409,12 +585,12 @@ func (p *process) stop(grace time.Duration) {
 	}
 }
 
-// Stop tears everything down: the OnStop hooks, the kubelet, the control
-// plane, etcd, containerd and its pods, then the node agent (test/node's
-// Stop: the agent outlives the pods' release), then whatever is left
-// of them: processes and mounts under the directory, the kubelet's cgroup
-// root, its log symlinks, the directory. It returns what it could not
-// remove, or nil.
+// Stop tears everything down: the OnStop hooks, the kubelets, kube-proxy,
+// the control plane, etcd, each node's containerd and its pods, then its
+// agent (test/node's Stop: the agent outlives the pods' release), then
+// whatever is left of them: processes and mounts under the directory, the
+// kubelets' cgroup roots, their log symlinks, kube-proxy's tables, the
+// nodes' link, the directory. It returns what it could not remove, or nil.
 func (c *Cluster) Stop(ctx context.Context) error {
 	for i := len(c.onStop) - 1; i >= 0; i-- {
 		c.onStop[i]()
@@ -423,14 +599,21 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		c.procs[i].stop(15 * time.Second)
 	}
-	if c.Node != nil {
-		c.Node.Stop(ctx)
+	for _, w := range c.Nodes {
+		if w.Node != nil {
+			w.Node.Stop(ctx)
+		}
 	}
 	node.KillUnder(c.dir)
 	node.UnmountUnder(c.dir)
 	var left []string
-	for _, cg := range c.removeCgroupRoot() {
-		left = append(left, "cgroup "+cg)
+	for _, w := range c.Nodes {
+		for _, cg := range removeCgroupRoot(w.CgroupRoot) {
+			left = append(left, "cgroup "+cg)
+		}
+	}
+	if t := c.removeProxyTables(); t != "" {
+		left = append(left, t)
 	}
 	// The kubelet links each container's log into /var/log/containers.
 	if entries, err := os.ReadDir("/var/log/containers"); err == nil {
@@ -443,6 +626,9 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	}
 	for _, d := range c.madeDirs {
 		_ = os.Remove(d) // only if empty: another kubelet may use it
+	}
+	if c.opts.Link != "" {
+		_ = exec.Command("ip", "link", "del", c.opts.Link).Run()
 	}
 	if m := node.MountsUnder(c.dir); len(m) > 0 {
 		left = append(left, "mounts "+strings.Join(m, " "))

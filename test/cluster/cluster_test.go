@@ -176,6 +176,9 @@ func TestCluster(t *testing.T) {
 			d, _ := kubectl("-n", "batch", "describe", "replicaset")
 			t.Fatalf("%s\n%s", why, d)
 		}
+		if out, _ := kubectl("-n", "batch", "get", "pods", "-l", "app=workers", "-o", "jsonpath={range .items[*]}{.spec.nodeName}{\"\\n\"}{end}"); !strings.Contains(out, NodeA) || !strings.Contains(out, NodeB) {
+			t.Errorf("the Deployment's pods are not spread over both nodes: %q", out)
+		}
 		// The ReplicaSet has tried past the quota; still exactly 3 pods exist.
 		out, _ := kubectl("-n", "batch", "get", "pods", "-l", "app=workers", "-o", "name")
 		if n := len(strings.Fields(out)); n != 3 {
@@ -263,7 +266,12 @@ func TestCluster(t *testing.T) {
 		if err != nil || !strings.HasPrefix(uuid, "MIG-") {
 			t.Errorf("the pod's environment: %v\n%s\nwant NVIDIA_VISIBLE_DEVICES=MIG-...", err, env)
 		}
-		status, err := exec.CommandContext(ctx, mustLook(t, "bulkhead"), "node", "status", "--config", c.Node.ShimConf).CombinedOutput()
+		onNode, _ := kubectl("-n", "platform", "get", "pod", "trainer", "-o", "jsonpath={.spec.nodeName}")
+		w := c.Node(onNode)
+		if w == nil {
+			t.Fatalf("pod trainer runs on %q, not a node of the cluster", onNode)
+		}
+		status, err := exec.CommandContext(ctx, mustLook(t, "bulkhead"), "node", "status", "--config", w.Node.ShimConf).CombinedOutput()
 		if err != nil || uuid == "" || !strings.Contains(string(status), uuid) || !strings.Contains(string(status), "3g.71gb") {
 			t.Errorf("bulkhead node status does not list the pod's 3g.71gb instance %q: %v\n%s", uuid, err, status)
 		}
@@ -293,44 +301,46 @@ func TestCluster(t *testing.T) {
 		if l := grepLines(out, "bulkhead"); l != "" {
 			t.Errorf("namespaced objects left:\n%s", l)
 		}
-		if out, _ := kubectl("get", "node", NodeName, "--show-labels"); strings.Contains(out, "bulkhead.dev/node") {
+		if out, _ := kubectl("get", "nodes", "--show-labels"); strings.Contains(out, "bulkhead.dev/node") {
 			t.Errorf("node label left:\n%s", out)
 		}
-		// The node: every sandbox removed by the kubelet (its GC removes
+		// Each node: every sandbox removed by the kubelet (its GC removes
 		// the sandboxes of deleted pods), the ledger, the fence and the
 		// MIG mock empty, no shim left.
-		if why := eventually(ctx, func() string {
-			resp, err := c.Node.Runtime.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+		for _, w := range c.Nodes {
+			if why := eventually(ctx, func() string {
+				resp, err := w.Node.Runtime.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+				if err != nil {
+					return err.Error()
+				}
+				if len(resp.Items) != 0 {
+					return fmt.Sprintf("%d sandboxes left on node %s", len(resp.Items), w.Name)
+				}
+				return ""
+			}); why != "" {
+				t.Errorf("%s", why)
+			}
+			status, err := exec.CommandContext(ctx, mustLook(t, "bulkhead"), "node", "status", "--config", w.Node.ShimConf).CombinedOutput()
+			t.Logf("$ bulkhead node status   (node %s)\n%s", w.Name, status)
+			if err != nil || !strings.Contains(string(status), "no sandboxes on this node") || strings.Contains(string(status), "MIG-") {
+				t.Errorf("bulkhead node status of %s after uninstall: %v", w.Name, err)
+			}
+			l, err := bhnode.OpenLedger(filepath.Join(w.Node.Dir(), "ledger.db"))
 			if err != nil {
-				return err.Error()
+				t.Fatal(err)
 			}
-			if len(resp.Items) != 0 {
-				return fmt.Sprintf("%d sandboxes left on the node", len(resp.Items))
-			}
-			return ""
-		}); why != "" {
-			t.Errorf("%s", why)
-		}
-		status, err := exec.CommandContext(ctx, mustLook(t, "bulkhead"), "node", "status", "--config", c.Node.ShimConf).CombinedOutput()
-		t.Logf("$ bulkhead node status\n%s", status)
-		if err != nil || !strings.Contains(string(status), "no sandboxes on this node") || strings.Contains(string(status), "MIG-") {
-			t.Errorf("bulkhead node status after uninstall: %v", err)
-		}
-		l, err := bhnode.OpenLedger(filepath.Join(c.Node.Dir(), "ledger.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = l.View(func(tx *bhnode.LedgerTx) error {
-			res, err := tx.List()
-			if err != nil || len(res) != 0 {
-				t.Errorf("node ledger: %d reservations left (%v)", len(res), err)
-			}
-			return nil
-		})
-		for _, p := range node.ProcessesUnder(c.Node.Dir()) {
-			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
-			if s := strings.ReplaceAll(string(cmd), "\x00", " "); strings.Contains(s, "shim") || strings.Contains(s, "runsc") {
-				t.Errorf("process left: %d %s", p, s)
+			_ = l.View(func(tx *bhnode.LedgerTx) error {
+				res, err := tx.List()
+				if err != nil || len(res) != 0 {
+					t.Errorf("node %s ledger: %d reservations left (%v)", w.Name, len(res), err)
+				}
+				return nil
+			})
+			for _, p := range node.ProcessesUnder(w.Node.Dir()) {
+				cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+				if s := strings.ReplaceAll(string(cmd), "\x00", " "); strings.Contains(s, "shim") || strings.Contains(s, "runsc") {
+					t.Errorf("process left on %s: %d %s", w.Name, p, s)
+				}
 			}
 		}
 	})
@@ -339,7 +349,13 @@ func TestCluster(t *testing.T) {
 // assertGone checks what Stop must have removed.
 func assertGone(t *testing.T, c *Cluster, link string) {
 	t.Helper()
-	dir, cgroupRoot, bridge := c.Dir(), c.CgroupRoot, c.Node.BridgeName()
+	dir := c.Dir()
+	links := []string{link, c.opts.Link}
+	var cgroupRoots []string
+	for _, w := range c.Nodes {
+		links = append(links, w.opts.Node.Bridge)
+		cgroupRoots = append(cgroupRoots, w.CgroupRoot)
+	}
 	if pids := node.ProcessesUnder(dir); len(pids) > 0 {
 		t.Errorf("processes left under %s: %v", dir, pids)
 	}
@@ -352,11 +368,18 @@ func assertGone(t *testing.T, c *Cluster, link string) {
 		}
 	}
 	for _, h := range v1Hierarchies() {
-		if _, err := os.Stat(filepath.Join(h, cgroupRoot)); err == nil {
-			t.Errorf("cgroup %s left", filepath.Join(h, cgroupRoot))
+		for _, cg := range cgroupRoots {
+			if _, err := os.Stat(filepath.Join(h, cg)); err == nil {
+				t.Errorf("cgroup %s left", filepath.Join(h, cg))
+			}
 		}
 	}
-	for _, l := range []string{link, bridge} {
+	for _, tbl := range proxyTables {
+		if exec.Command("nft", "list", "table", tbl[0], tbl[1]).Run() == nil {
+			t.Errorf("nft table %s %s left", tbl[0], tbl[1])
+		}
+	}
+	for _, l := range links {
 		if err := exec.Command("ip", "link", "show", l).Run(); err == nil {
 			t.Errorf("link %s left", l)
 		}

@@ -53,14 +53,14 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--client-ca-file=" + c.CAFile,
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=" + strings.Join(AdmissionPlugins, ","),
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-cluster-ip-range=" + ServiceCIDR + "," + ServiceCIDR6,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
 		"--kubelet-client-certificate=" + kubeletClient, "--kubelet-client-key=" + kubeletClientKey,
-		// The kubelet is "localhost": exec and logs stay on loopback.
-		"--kubelet-preferred-address-types=Hostname",
-		// No kube-proxy routes Service IPs here: the API server calls a
-		// webhook Service at one of its endpoints instead of its ClusterIP.
+		// Each kubelet listens on its node's address on the cluster's link.
+		"--kubelet-preferred-address-types=InternalIP",
+		// The API server calls a webhook Service at one of its endpoints,
+		// as on a control plane where no kube-proxy runs.
 		"--enable-aggregator-routing=true",
 		"--allow-privileged=true",
 		"--cert-dir=" + filepath.Join(c.dir, "apiserver-certs"),
@@ -142,7 +142,7 @@ func (c *Cluster) startControllers(ctx context.Context) error {
 // outlive the cluster.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: %s
 port: %d
 readOnlyPort: 0
 healthzPort: 0
@@ -178,8 +178,8 @@ evictionHard:
 // run of TestCluster, not by the e2e tests' containerd alone).
 var kubeletHostDirs = []string{"/var/log/containers", "/var/run/cdi"}
 
-func (c *Cluster) startKubelet(ctx context.Context) error {
-	if err := c.makeCgroupRoot(); err != nil {
+func (c *Cluster) startKubelet(ctx context.Context, w *Worker) error {
+	if err := makeCgroupRoot(w.CgroupRoot); err != nil {
 		return err
 	}
 	for _, d := range kubeletHostDirs {
@@ -191,39 +191,29 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kc, err := c.kubeconfig("kubelet", "system:node:"+NodeName, "system:nodes")
+	kc, err := c.kubeconfig("kubelet-"+w.Name, "system:node:"+w.Name, "system:nodes")
 	if err != nil {
 		return err
 	}
-	conf := filepath.Join(c.dir, "kubelet.yaml")
-	sock := c.Node.Socket
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(kubeletConfig, port, c.CAFile, c.CgroupRoot, sock, sock,
-		filepath.Join(c.dir, "pod-logs"))), 0o644); err != nil {
+	conf := filepath.Join(c.dir, w.Name, "kubelet.yaml")
+	sock := w.Node.Socket
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(kubeletConfig, w.Address, port, c.CAFile, w.CgroupRoot, sock, sock,
+		filepath.Join(c.dir, w.Name, "pod-logs"))), 0o644); err != nil {
 		return err
 	}
-	p, err := c.run("kubelet", "--config="+conf, "--kubeconfig="+kc,
-		"--root-dir="+c.KubeletRoot, "--hostname-override="+NodeName)
+	p, err := c.runNamed("kubelet-"+w.Name, "kubelet", "--config="+conf, "--kubeconfig="+kc,
+		"--root-dir="+w.KubeletRoot, "--hostname-override="+w.Name, "--node-ip="+w.Address)
 	if err != nil {
 		return err
 	}
-	if err := waitFor(ctx, p, "node "+NodeName+" Ready", 3*time.Minute, func(ctx context.Context) error {
-		out, err := c.Kubectl(ctx, "get", "node", NodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+	w.kubelet = p
+	return waitFor(ctx, p, "node "+w.Name+" Ready", 3*time.Minute, func(ctx context.Context) error {
+		out, err := c.Kubectl(ctx, "get", "node", w.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
 		}
 		if strings.TrimSpace(out) != "True" {
 			return fmt.Errorf("Ready=%q", out)
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	// The controller manager's serviceaccount controller creates it; pods
-	// are refused by the ServiceAccount admission plugin until it does.
-	return waitFor(ctx, nil, "ServiceAccount default/default", 2*time.Minute, func(ctx context.Context) error {
-		out, err := c.Kubectl(ctx, "-n", "default", "get", "serviceaccount", "default")
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
 		}
 		return nil
 	})
@@ -249,10 +239,10 @@ func v1Hierarchies() []string {
 	return out
 }
 
-// makeCgroupRoot creates the kubelet's cgroup root in every hierarchy: the
+// makeCgroupRoot creates a kubelet's cgroup root in every hierarchy: the
 // kubelet requires it to exist, and a root of its own keeps its pods' and
 // QoS cgroups apart from any other kubelet's and makes them removable.
-func (c *Cluster) makeCgroupRoot() error {
+func makeCgroupRoot(cgroupRoot string) error {
 	hs := v1Hierarchies()
 	if len(hs) == 0 {
 		return errors.New("cluster: no cgroup v1 hierarchy mounted (the kubelet here is configured for v1)")
@@ -261,19 +251,19 @@ func (c *Cluster) makeCgroupRoot() error {
 		if _, err := os.Stat(h); err != nil {
 			continue
 		}
-		if err := os.Mkdir(filepath.Join(h, c.CgroupRoot), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("cluster: cgroup root %s: %w", filepath.Join(h, c.CgroupRoot), err)
+		if err := os.Mkdir(filepath.Join(h, cgroupRoot), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("cluster: cgroup root %s: %w", filepath.Join(h, cgroupRoot), err)
 		}
 	}
 	return nil
 }
 
-// removeCgroupRoot removes the cgroup root and everything below it,
+// removeCgroupRoot removes a cgroup root and everything below it,
 // deepest first, in every hierarchy; it returns what it could not remove.
-func (c *Cluster) removeCgroupRoot() []string {
+func removeCgroupRoot(cgroupRoot string) []string {
 	var left []string
 	for _, h := range append(v1Hierarchies(), "/sys/fs/cgroup/unified") {
-		root := filepath.Join(h, c.CgroupRoot)
+		root := filepath.Join(h, cgroupRoot)
 		if _, err := os.Stat(root); err != nil {
 			continue
 		}

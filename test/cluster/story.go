@@ -63,7 +63,8 @@ func Pod(name, ns, runtimeClass string, annotations map[string]string) string {
 	return fmt.Sprintf(sandboxPod, name, ns, ann, rc)
 }
 
-// QuotaDeployment asks for 5 sandboxes of tenant batch, whose quota is 3.
+// QuotaDeployment asks for 5 sandboxes of tenant batch, whose quota is 3,
+// spread over the nodes.
 const QuotaDeployment = `apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -78,6 +79,12 @@ spec:
       labels: {app: workers}
     spec:
       runtimeClassName: bulkhead
+      topologySpreadConstraints:
+        - maxSkew: 1
+          topologyKey: kubernetes.io/hostname
+          whenUnsatisfiable: DoNotSchedule
+          labelSelector:
+            matchLabels: {app: workers}
       terminationGracePeriodSeconds: 2
       containers:
         - name: main
@@ -90,44 +97,71 @@ spec:
               memory: 64Mi
 `
 
+// The story's two nodes: the scheduler spreads its pods over both, and
+// the fence of each learns the other's pods from the API server.
+const (
+	NodeA = "node-a"
+	NodeB = "node-b"
+)
+
 // StartStory prepares Bulkhead's install (PrepareInstall) with Tenants and
-// starts a cluster for it in dir: the pod subnet, the webhook's link and
-// the fence's pin directory are derived from the process id, so that
-// concurrent runs never meet. Stop removes all of it; on error nothing is
-// left.
+// starts a two-node cluster for it in dir (NodeA, NodeB). The pod ranges,
+// the links and the fences' pin directories are derived from the process
+// id, so that concurrent runs never meet. Stop removes all of it; on error
+// nothing is left.
 func StartStory(ctx context.Context, dir, repoRoot string, log func(string, ...any)) (*Cluster, *Install, error) {
-	id := os.Getpid() % 100000
-	subnet := fmt.Sprintf("10.190.%d.0/24", os.Getpid()%250)
-	pinDir := filepath.Join("/sys/fs/bpf", "bh-cluster-"+filepath.Base(dir))
+	pid := os.Getpid()
+	id := pid % 100000
+	// The cluster's pod ranges, of which each node has a /24 and a /64.
+	block := (pid % 16) * 16
+	cidr4 := fmt.Sprintf("10.190.%d.0/20", block)
+	cidr6 := fmt.Sprintf("fd19:%x::/48", pid%0x10000)
 	in, err := PrepareInstall(ctx, InstallOptions{
 		Dir: dir, RepoRoot: repoRoot, TenantsJSON: Tenants,
-		Link: fmt.Sprintf("bhw%d", id), Address: fmt.Sprintf("10.191.%d.1", os.Getpid()%250), Log: log,
+		Link: fmt.Sprintf("bhw%d", id), Address: fmt.Sprintf("10.191.%d.1", pid%250), Log: log,
 	})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
 	}
-	// The node file's pipeline state (mock GPUs, decision log, fence lock)
-	// lives here; the agent opens it, it does not create it.
-	shimDir := filepath.Join(dir, "shim")
-	if err := os.MkdirAll(shimDir, 0o711); err != nil {
-		in.Close()
-		_ = os.RemoveAll(dir)
-		return nil, nil, err
-	}
-	c, err := Start(ctx, Options{
+	opts := Options{
 		Dir:                 dir,
 		AdmissionKubeconfig: in.AdmissionKubeconfig,
-		Node: node.Options{
-			BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d", id), Subnet: subnet,
-			PipelineEnabled: true, ShimConfig: in.ShimConfig(shimDir, subnet, pinDir),
-		},
-		RemoveAfterStop: []string{pinDir},
-		Log:             log,
-	})
+		Link:                fmt.Sprintf("bhn%d", id),
+		ClusterCIDRs:        []string{cidr4, cidr6},
+		Log:                 log,
+	}
+	var pinDirs []string
+	for i, name := range []string{NodeA, NodeB} {
+		subnet := fmt.Sprintf("10.190.%d.0/24", block+1+i)
+		subnet6 := fmt.Sprintf("fd19:%x:0:%d::/64", pid%0x10000, 1+i)
+		pinDir := filepath.Join("/sys/fs/bpf", "bh-cluster-"+filepath.Base(dir)+"-"+name)
+		pinDirs = append(pinDirs, pinDir)
+		// The node file's pipeline state (mock GPUs, decision log, fence
+		// lock) lives here; the agent opens it, it does not create it.
+		shimDir := filepath.Join(dir, name, "shim")
+		if err := os.MkdirAll(shimDir, 0o711); err != nil {
+			in.Close()
+			_ = os.RemoveAll(dir)
+			return nil, nil, err
+		}
+		opts.Nodes = append(opts.Nodes, NodeOptions{
+			Name:    name,
+			Address: fmt.Sprintf("10.192.%d.%d", pid%250, 10+i),
+			Node: node.Options{
+				BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d%c", id, 'a'+i), Subnet: subnet, Subnet6: subnet6,
+				PipelineEnabled: true,
+				ShimConfig:      in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs),
+			},
+		})
+	}
+	opts.RemoveAfterStop = pinDirs
+	c, err := Start(ctx, opts)
 	if err != nil {
 		in.Close()
-		_ = os.RemoveAll(pinDir)
+		for _, p := range pinDirs {
+			_ = os.RemoveAll(p)
+		}
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
 	}

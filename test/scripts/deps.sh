@@ -2,14 +2,16 @@
 # Installs the Debian packages a local node needs (CNI plugins, busybox-static
 # for the images, iproute2, gcc for cgo (NVML in the agent and the CLI, runc's
 # seccomp), and libseccomp-dev with pkg-config to build runc with seccomp),
-# and etcd-server for test/cluster's API server, skipping what
+# etcd-server for test/cluster's API server, and nftables, whose nft
+# test/cluster's kube-proxy (nftables mode: tables of its own, which the
+# test removes, never the host's iptables chains) programs, skipping what
 # is already installed. etcd is Debian's 3.4 (the API server of v1.37 runs on
 # it here) rather than built from go.etcd.io/etcd: a prebuilt,
 # security-maintained package that installs in seconds, where a build adds
 # minutes to a cold `make tools` on two cores for a store that only ever
 # listens on loopback in a test.
 set -euo pipefail
-PACKAGES=(containernetworking-plugins busybox-static iproute2 gcc libc6-dev libseccomp-dev pkg-config etcd-server)
+PACKAGES=(containernetworking-plugins busybox-static iproute2 gcc libc6-dev libseccomp-dev pkg-config etcd-server nftables)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -114,7 +114,7 @@ build_kube() {
 	local version
 	version="${KUBE_VERSION}+$(sha256sum "${mod_dir}/go.sum" | cut -c1-12)"
 	local stamp="${TOOLS_DIR}/.kubernetes.version"
-	local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+	local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 	local missing=0 c
 	for c in "${cmds[@]}"; do [[ -x "${GOBIN}/${c}" ]] || missing=1; done
 	if ((missing == 0)) && [[ -f "${stamp}" && "$(cat "${stamp}")" == "${version}" ]]; then
