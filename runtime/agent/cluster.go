@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/log"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
@@ -30,34 +31,56 @@ import (
 // The cluster watch keeps the fence's remote pods (netpol.Manager.SetRemote)
 // equal to the API server's view of the pods of other nodes, so that a pod
 // of the same tenant on another node is that tenant's, not an unknown
-// cluster address (issue 26).
+// cluster address (issue 26), and gives a Service's ClusterIPs the tenant of
+// its namespace when every backend is a pod of that tenant.
 //
-//   - Which pods: every pod not on this node (field selector spec.nodeName
-//     and spec.hostNetwork, checked again here), not Succeeded or Failed,
-//     not being deleted, with addresses in status.podIPs, both families. A
-//     Pending pod with addresses is included: its init containers already
-//     use the network.
+//   - Which pods: every pod not on this node (the informer sees the pods of
+//     every node, field selector spec.hostNetwork=false, checked again
+//     here), not Succeeded or Failed, not being deleted, with addresses in
+//     status.podIPs, both families. A Pending pod with addresses is
+//     included: its init containers already use the network. The pods of
+//     this node are the shims' to register; the watch reads them only to
+//     judge Services.
 //   - A pod being deleted (deletionTimestamp set) loses its addresses at
 //     once, not when it is gone: its node frees them when the pod stops,
 //     which may be before the API server removes the pod, and a new pod may
 //     have one before this node hears of it. Removing them when the deletion
 //     starts closes that window, at the price of the pod's cross-node
 //     traffic during its grace period (unknown addresses: dropped).
+//   - Which ClusterIPs: spec.clusterIPs of every Service, both families
+//     (headless "None", ExternalName and empty skipped), get the tenant T of
+//     the Service's namespace only if every endpoint address of every
+//     EndpointSlice of the Service (label kubernetes.io/service-name) is the
+//     address of a known pod of T: a pod of any node, this one's included,
+//     not finished, whose addresses no pod of another tenant claims. A pod
+//     being deleted still counts: it serves until it stops, and a new pod
+//     that takes its address claims it too, which ends the ownership. A
+//     Service with no endpoint address is T's (nothing is reachable
+//     through it). Any other endpoint (an address of no pod, as a
+//     selectorless Service's hand-written slice may hold; a pod of another
+//     tenant or of none; an FQDN) leaves the ClusterIP unknown: rule 14
+//     drops it unless a tier lists it as a shared service. The sending
+//     pod's fence is the only one that sees a ClusterIP (it runs before
+//     kube-proxy's DNAT), and the only check at all when the backend is
+//     not a fenced pod; a fenced backend judges the sender's own address
+//     again after the DNAT.
 //   - Which tenant: the loaded policy's, asked per namespace
 //     (policy.NamespaceTenants), never a rule restated here. A namespace of
-//     no tenant maps its pods to nothing.
-//   - An address two pods claim with different tenants (a lagging status)
-//     maps to nothing: an address never keeps an old tenant, it is unknown
-//     for a moment instead.
-//   - Until the first full list is in the fence, nothing is mapped: the
-//     watch starts by clearing what an earlier agent left (an address may
-//     have been reused while no agent watched). An address the fence does not
-//     know is dropped for every tier (netpol rule 14). While the API server
-//     is lost, the entries stay as last seen (existing flows keep their
-//     verdicts) and new addresses are unknown; ClusterSync says so.
+//     no tenant maps its pods and Services to nothing.
+//   - An address two claimants (pods, ClusterIPs) claim with different
+//     tenants (a lagging status) maps to nothing: an address never keeps an
+//     old tenant, it is unknown for a moment instead. A ClusterIP that is
+//     not owned claims its address for nobody.
+//   - Until the first full list of pods, Services and EndpointSlices is in
+//     the fence, nothing is mapped: the watch starts by clearing what an
+//     earlier agent left (an address may have been reused while no agent
+//     watched). An address the fence does not know is dropped for every
+//     tier (netpol rule 14). While the API server is lost, the entries stay
+//     as last seen (existing flows keep their verdicts) and new addresses
+//     are unknown; ClusterSync says so.
 //
 // Every event marks the view dirty; one loop recomputes the wanted set from
-// the informer's store and writes the difference (UpsertRemote,
+// the informers' stores and writes the difference (UpsertRemote,
 // DeleteRemote), and rewrites the whole set (SetRemote) after the first
 // sync, every clusterResync and when the policy changes.
 
@@ -88,61 +111,107 @@ type tenantResolver interface {
 // status reports it).
 type ClusterSync = node.ClusterSync
 
-// clusterWatch keeps the fence's remote pods from a Pod informer.
+// clusterWatch keeps the fence's remote pods from informers on Pods,
+// Services and EndpointSlices.
 type clusterWatch struct {
-	node     string
-	fence    remoteFence
-	tenants  tenantResolver
-	informer cache.SharedIndexInformer
+	node    string
+	fence   remoteFence
+	tenants tenantResolver
+	// pods, services and slices are the informers; every event of each
+	// marks the view dirty.
+	pods, services, slices cache.SharedIndexInformer
 	// dirty asks the loop for a pass; it holds at most one request.
 	dirty chan struct{}
 
 	// mu guards the fields below.
 	mu sync.Mutex
 	// applied is what this watch last wrote to the fence, by address.
-	applied     map[netip.Addr]netpol.RemotePod
-	synced      bool
-	connected   bool
+	applied map[netip.Addr]netpol.RemotePod
+	synced  bool
+	// answered holds, per resource watched, whether the API server's
+	// last answer about it was a success; connected means all of them.
+	answered    map[string]bool
 	lastContact time.Time
 	lastApplied time.Time
 	lastErr     error
 }
 
-// newClusterWatch watches client's pods of nodes other than node.
+// The resources the watch lists and watches, as the API server names them.
+const (
+	resPods           = "pods"
+	resServices       = "services"
+	resEndpointSlices = "endpointslices"
+)
+
+var watched = []string{resPods, resServices, resEndpointSlices}
+
+// newClusterWatch watches client's pods, Services and EndpointSlices for
+// the fence of node.
 func newClusterWatch(client kubernetes.Interface, node string, fence remoteFence, tenants tenantResolver) *clusterWatch {
-	w := &clusterWatch{node: node, fence: fence, tenants: tenants, dirty: make(chan struct{}, 1), applied: map[netip.Addr]netpol.RemotePod{}}
-	sel := fields.AndSelectors(
-		fields.OneTermNotEqualSelector("spec.nodeName", node),
-		fields.OneTermEqualSelector("spec.hostNetwork", "false"),
-	).String()
+	w := &clusterWatch{node: node, fence: fence, tenants: tenants, dirty: make(chan struct{}, 1), applied: map[netip.Addr]netpol.RemotePod{}, answered: map[string]bool{}}
+	podSel := fields.OneTermEqualSelector("spec.hostNetwork", "false").String()
 	pods := client.CoreV1().Pods(metav1.NamespaceAll)
+	w.pods = w.informer(client, &corev1.Pod{}, resPods,
+		func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) {
+			o.FieldSelector = podSel
+			return pods.List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = podSel
+			return pods.Watch(ctx, o)
+		})
+	services := client.CoreV1().Services(metav1.NamespaceAll)
+	w.services = w.informer(client, &corev1.Service{}, resServices,
+		func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) { return services.List(ctx, o) },
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return services.Watch(ctx, o)
+		})
+	eps := client.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)
+	w.slices = w.informer(client, &discoveryv1.EndpointSlice{}, resEndpointSlices,
+		func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) { return eps.List(ctx, o) },
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return eps.Watch(ctx, o) })
+	return w
+}
+
+// informer is an informer on what (a resource) whose lists and watches
+// record the API server's answers, and whose events mark the view dirty.
+func (w *clusterWatch) informer(client kubernetes.Interface, example kruntime.Object, what string,
+	list func(context.Context, metav1.ListOptions) (kruntime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
+) cache.SharedIndexInformer {
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) {
-			o.FieldSelector = sel
-			l, err := pods.List(ctx, o)
-			w.contact(err)
+			l, err := list(ctx, o)
+			w.contact(what, wrapErr("list "+what, err))
 			return l, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = sel
-			wi, err := pods.Watch(ctx, o)
-			w.contact(err)
+			wi, err := watchFn(ctx, o)
+			w.contact(what, wrapErr("watch "+what, err))
 			return wi, err
 		},
 	}
-	w.informer = cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{},
-		cache.SharedIndexInformerOptions{ObjectDescription: "pods of other nodes"})
-	_ = w.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-		w.contact(fmt.Errorf("watch pods: %w", err))
+	inf := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), example,
+		cache.SharedIndexInformerOptions{ObjectDescription: what})
+	_ = inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		w.contact(what, fmt.Errorf("watch %s: %w", what, err))
 		cache.DefaultWatchErrorHandler(ctx, r, err)
 	})
-	mark := func(any) { w.contact(nil); w.markDirty() }
-	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	mark := func(any) { w.contact(what, nil); w.markDirty() }
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    mark,
 		UpdateFunc: func(_, obj any) { mark(obj) },
 		DeleteFunc: mark,
 	})
-	return w
+	return inf
+}
+
+// wrapErr is err about what, or nil.
+func wrapErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // startCluster starts the cluster watch when the agent reaches an API
@@ -199,11 +268,11 @@ func (w *clusterWatch) markDirty() {
 	}
 }
 
-// contact records an answer of the API server, or its failure.
-func (w *clusterWatch) contact(err error) {
+// contact records an answer of the API server about what, or its failure.
+func (w *clusterWatch) contact(what string, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.connected = err == nil
+	w.answered[what] = err == nil
 	if err == nil {
 		w.lastContact = time.Now()
 		return
@@ -211,17 +280,29 @@ func (w *clusterWatch) contact(err error) {
 	w.lastErr = err
 }
 
-// Synced reports whether the first full list of pods is in the fence.
+// Synced reports whether the first full list of pods, Services and
+// EndpointSlices is in the fence.
 func (w *clusterWatch) Synced() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.synced
 }
 
+// connected reports whether the API server's last answer about each of
+// the watched resources was a success. Caller holds mu.
+func (w *clusterWatch) connected() bool {
+	for _, what := range watched {
+		if !w.answered[what] {
+			return false
+		}
+	}
+	return true
+}
+
 func (w *clusterWatch) status() ClusterSync {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := ClusterSync{Watching: true, Synced: w.synced, Connected: w.connected, LastContact: w.lastContact,
+	s := ClusterSync{Watching: true, Synced: w.synced, Connected: w.connected(), LastContact: w.lastContact,
 		LastApplied: w.lastApplied, RemoteAddresses: len(w.applied)}
 	if w.lastErr != nil {
 		s.LastError = w.lastErr.Error()
@@ -232,7 +313,7 @@ func (w *clusterWatch) status() ClusterSync {
 // run keeps the fence until ctx ends.
 func (w *clusterWatch) run(ctx context.Context) {
 	// Entries an earlier agent left may name an address reused since:
-	// none is trusted until this watch has listed the pods.
+	// none is trusted until this watch has listed the pods and Services.
 	for {
 		err := w.fence.SetRemote(ctx, nil)
 		if err == nil {
@@ -245,8 +326,10 @@ func (w *clusterWatch) run(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
-	go w.informer.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
+	for _, inf := range []cache.SharedIndexInformer{w.pods, w.services, w.slices} {
+		go inf.RunWithContext(ctx)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), w.pods.HasSynced, w.services.HasSynced, w.slices.HasSynced) {
 		return
 	}
 	w.tenants.Refresh()
@@ -349,26 +432,64 @@ func (w *clusterWatch) apply(ctx context.Context, full bool) error {
 	return nil
 }
 
-// wanted is the set of remote pods the informer's store describes. A pod
-// whose tenant cannot be resolved maps to nothing and makes the error.
+// wanted is the set of remote pods and owned ClusterIPs the informers'
+// stores describe. A pod or Service whose tenant cannot be resolved maps to
+// nothing and makes the error.
 func (w *clusterWatch) wanted(ctx context.Context) (map[netip.Addr]netpol.RemotePod, error) {
-	claims := map[netip.Addr][]string{}
 	var errs []error
-	for _, obj := range w.informer.GetStore().List() {
+	resolved := map[string]string{}
+	tenantOf := func(ns string) string {
+		if t, ok := resolved[ns]; ok {
+			return t
+		}
+		t, err := w.tenants.Tenant(ctx, ns)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("namespace %s: %w", ns, err))
+			t = ""
+		}
+		resolved[ns] = t
+		return t
+	}
+	// claims are the entries' claimants: remote pods and ClusterIPs.
+	// known are the claims of every pod, this node's included, by which
+	// a Service's endpoints are judged.
+	claims := map[netip.Addr][]string{}
+	known := map[netip.Addr][]string{}
+	for _, obj := range w.pods.GetStore().List() {
 		pod, ok := obj.(*corev1.Pod)
-		if !ok || !w.remote(pod) {
+		if !ok || !running(pod) {
 			continue
 		}
 		addrs := podAddrs(pod)
 		if len(addrs) == 0 {
 			continue
 		}
-		tenant, err := w.tenants.Tenant(ctx, pod.Namespace)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err))
-			tenant = ""
+		tenant := tenantOf(pod.Namespace)
+		for _, a := range addrs {
+			known[a] = append(known[a], tenant)
+		}
+		if !w.remote(pod) {
+			continue
 		}
 		for _, a := range addrs {
+			claims[a] = append(claims[a], tenant)
+		}
+	}
+	endpoints := serviceEndpoints(w.slices.GetStore().List())
+	for _, obj := range w.services.GetStore().List() {
+		svc, ok := obj.(*corev1.Service)
+		if !ok {
+			continue
+		}
+		ips := clusterIPs(svc)
+		if len(ips) == 0 {
+			continue
+		}
+		tenant := tenantOf(svc.Namespace)
+		if !ownedBy(tenant, endpoints[cache.NewObjectName(svc.Namespace, svc.Name)], known) {
+			tenant = ""
+		}
+		for _, a := range ips {
 			claims[a] = append(claims[a], tenant)
 		}
 	}
@@ -381,9 +502,12 @@ func (w *clusterWatch) wanted(ctx context.Context) (map[netip.Addr]netpol.Remote
 	return want, errors.Join(errs...)
 }
 
-// owner is the tenant of an address the pods of tenants claim: theirs
-// when they agree; else "".
+// owner is the tenant of an address that claimants of tenants claim: theirs
+// when they agree; else "" (and "" when nobody claims it).
 func owner(tenants []string) string {
+	if len(tenants) == 0 {
+		return ""
+	}
 	for _, t := range tenants[1:] {
 		if t != tenants[0] {
 			return ""
@@ -392,13 +516,85 @@ func owner(tenants []string) string {
 	return tenants[0]
 }
 
-// remote reports whether pod is one the fence should learn: on another
-// node, in the pod network, not being deleted, not finished.
-func (w *clusterWatch) remote(pod *corev1.Pod) bool {
-	if pod.Spec.NodeName == w.node || pod.Spec.HostNetwork || pod.DeletionTimestamp != nil {
+// ownedBy reports whether a Service of tenant with the endpoint addresses
+// endpoints is tenant's: every address is a known pod's, and that pod's
+// tenant is tenant (known: pods' claims by address).
+func ownedBy(tenant string, endpoints []string, known map[netip.Addr][]string) bool {
+	if tenant == "" {
+		return false
+	}
+	for _, s := range endpoints {
+		a, err := netip.ParseAddr(s)
+		if err != nil || owner(known[a.Unmap()]) != tenant {
+			return false
+		}
+	}
+	return true
+}
+
+// serviceEndpoints gathers the endpoint addresses of the EndpointSlices in
+// objs by the Service they belong to (label kubernetes.io/service-name).
+// A slice of no Service is no Service's concern.
+func serviceEndpoints(objs []any) map[cache.ObjectName][]string {
+	out := map[cache.ObjectName][]string{}
+	for _, obj := range objs {
+		es, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok {
+			continue
+		}
+		name := es.Labels[discoveryv1.LabelServiceName]
+		if name == "" {
+			continue
+		}
+		key := cache.NewObjectName(es.Namespace, name)
+		for _, e := range es.Endpoints {
+			out[key] = append(out[key], e.Addresses...)
+		}
+	}
+	return out
+}
+
+// clusterIPs are the Service's cluster addresses (spec.clusterIPs, else
+// spec.clusterIP): none for an ExternalName or headless Service.
+func clusterIPs(svc *corev1.Service) []netip.Addr {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []netip.Addr
+	for _, s := range ips {
+		if s == corev1.ClusterIPNone {
+			return nil
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			continue
+		}
+		a = a.Unmap()
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// running reports whether pod holds its addresses in the pod network: not
+// host-network, not finished. A pod being deleted still does, until it
+// stops.
+func running(pod *corev1.Pod) bool {
+	if pod.Spec.HostNetwork {
 		return false
 	}
 	return pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+}
+
+// remote reports whether pod is one the fence should learn: on another
+// node, in the pod network, not being deleted, not finished.
+func (w *clusterWatch) remote(pod *corev1.Pod) bool {
+	return pod.Spec.NodeName != w.node && pod.DeletionTimestamp == nil && running(pod)
 }
 
 // podAddrs are the pod's addresses (status.podIPs, else status.podIP).

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -436,5 +437,304 @@ func TestClusterWatchNetpol(t *testing.T) {
 	}
 	if got := remotes(); len(got) != 0 {
 		t.Errorf("after the pod was deleted the fence holds %+v", got)
+	}
+}
+
+// testService is a Service of namespace ns with the given cluster
+// addresses ("None": headless).
+func testService(ns, name string, ips ...string) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-svc-" + name)},
+		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIPs: ips},
+	}
+	if len(ips) > 0 {
+		s.Spec.ClusterIP = ips[0]
+	}
+	return s
+}
+
+// testSlice is an EndpointSlice of Service service in namespace ns, one
+// endpoint per address, as a selectorless Service's owner would write it.
+func testSlice(ns, name, service string, addrs ...string) *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+	}
+	for _, a := range addrs {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}})
+	}
+	return es
+}
+
+// startWatch runs a cluster watch of client into f until the test ends,
+// and returns once its informers watch and its first full pass is in f.
+func startWatch(t *testing.T, client *fake.Clientset, f remoteFence, tenants tenantResolver) *clusterWatch {
+	t.Helper()
+	var watching sync.WaitGroup
+	for _, res := range []string{"pods", "services", "endpointslices"} {
+		watching.Add(1)
+		var once sync.Once
+		client.PrependWatchReactor(res, func(k8stesting.Action) (bool, watch.Interface, error) {
+			once.Do(watching.Done)
+			return false, nil, nil
+		})
+	}
+	w := newClusterWatch(client, thisNode, f, tenants)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go w.run(ctx)
+	done := make(chan struct{})
+	go func() { watching.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the informers never watched pods, services and endpointslices")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !w.Synced() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !w.Synced() {
+		t.Fatalf("the watch never synced: %+v", w.status())
+	}
+	return w
+}
+
+// A ClusterIP is its namespace's tenant's only when every endpoint of
+// the Service is a known pod of that tenant.
+func TestClusterWatchServices(t *testing.T) {
+	// Pods every case holds: red on another node (both families), blue
+	// on another node, red on this node, and one of a namespace of no
+	// tenant.
+	pods := func() []kruntime.Object {
+		return []kruntime.Object{
+			testPod("red", "r1", "node-b", "10.1.0.1", "fd01::1"),
+			testPod("blue", "b1", "node-b", "10.1.0.2"),
+			testPod("red", "own", thisNode, "10.0.0.9"),
+			testPod("kube-system", "sys", "node-b", "10.1.0.3"),
+		}
+	}
+	base := fence{"10.1.0.1": "red", "fd01::1": "red", "10.1.0.2": "blue"}
+	with := func(extra fence) fence {
+		out := maps.Clone(base)
+		maps.Copy(out, extra)
+		return out
+	}
+	deleting := testPod("red", "leaving", "node-c", "10.1.0.4")
+	now := metav1.Now()
+	deleting.DeletionTimestamp = &now
+	finished := testPod("red", "done", "node-c", "10.1.0.5")
+	finished.Status.Phase = corev1.PodSucceeded
+	externalName := testService("red", "ext")
+	externalName.Spec.Type = corev1.ServiceTypeExternalName
+	externalName.Spec.ExternalName = "db.example.org"
+	fqdn := testSlice("red", "web-fqdn", "web", "db.example.org")
+	fqdn.AddressType = discoveryv1.AddressTypeFQDN
+
+	for _, tc := range []struct {
+		name    string
+		objects []kruntime.Object
+		want    fence
+	}{
+		{
+			name:    "endpoints that are the tenant's pods: the ClusterIP is the tenant's",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.1")},
+			want:    with(fence{"10.96.0.10": "red"}),
+		},
+		{
+			name: "dual stack: both ClusterIPs, endpoints of both families in two slices",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10", "fd96::10"),
+				testSlice("red", "web-4", "web", "10.1.0.1"), testSlice("red", "web-6", "web", "fd01::1")},
+			want: with(fence{"10.96.0.10": "red", "fd96::10": "red"}),
+		},
+		{
+			name:    "an endpoint of another tenant's pod: no entry",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.1", "10.1.0.2")},
+			want:    base,
+		},
+		{
+			name:    "a selectorless Service's endpoint that is no pod: no entry",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10", "fd96::10"), testSlice("red", "web-1", "web", "192.168.5.5")},
+			want:    base,
+		},
+		{
+			name:    "an endpoint of a pod of no tenant: no entry",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.3")},
+			want:    base,
+		},
+		{
+			name:    "an FQDN endpoint: no entry",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10"), fqdn},
+			want:    base,
+		},
+		{
+			name:    "a pod of this node is a known endpoint; its own address stays the shims'",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.0.0.9", "10.1.0.1")},
+			want:    with(fence{"10.96.0.10": "red"}),
+		},
+		{
+			name:    "no endpoint: the ClusterIP is the tenant's, nothing is reachable through it",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web")},
+			want:    with(fence{"10.96.0.10": "red"}),
+		},
+		{
+			name:    "a Service of a namespace of no tenant: no entry",
+			objects: []kruntime.Object{testService("kube-system", "dns", "10.96.0.53"), testSlice("kube-system", "dns-1", "dns", "10.1.0.3")},
+			want:    base,
+		},
+		{
+			name:    "headless: nothing to map (its clients use the pods' addresses)",
+			objects: []kruntime.Object{testService("red", "web", "None"), testSlice("red", "web-1", "web", "10.1.0.1")},
+			want:    base,
+		},
+		{
+			name:    "ExternalName: nothing to map",
+			objects: []kruntime.Object{externalName},
+			want:    base,
+		},
+		{
+			name: "a slice of another namespace with the same service name is not the Service's",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.1"),
+				testSlice("blue", "web-1", "web", "10.1.0.2")},
+			want: with(fence{"10.96.0.10": "red"}),
+		},
+		{
+			name: "a slice of no Service changes nothing",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.1"),
+				testSlice("red", "stray", "", "10.1.0.2")},
+			want: with(fence{"10.96.0.10": "red"}),
+		},
+		{
+			name:    "a pod being deleted still backs its Service; its own address goes",
+			objects: []kruntime.Object{deleting, testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.4")},
+			want:    with(fence{"10.96.0.10": "red"}),
+		},
+		{
+			name:    "a finished pod's address backs nothing",
+			objects: []kruntime.Object{finished, testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.5")},
+			want:    base,
+		},
+		{
+			name: "an endpoint address two tenants' pods claim: no entry",
+			objects: []kruntime.Object{testPod("blue", "b2", "node-c", "10.1.0.1"), testService("red", "web", "10.96.0.10"),
+				testSlice("red", "web-1", "web", "10.1.0.1")},
+			want: fence{"fd01::1": "red", "10.1.0.2": "blue"},
+		},
+		{
+			name: "a ClusterIP a pod of another tenant also claims: nobody's",
+			objects: []kruntime.Object{testPod("blue", "b2", "node-c", "10.96.0.10"), testService("red", "web", "10.96.0.10"),
+				testSlice("red", "web-1", "web", "10.1.0.1")},
+			want: base,
+		},
+		{
+			name: "a ClusterIP an unowned Service claims is nobody's, whoever else claims it",
+			objects: []kruntime.Object{testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.1"),
+				testService("blue", "other", "10.96.0.10"), testSlice("blue", "other-1", "other", "192.168.5.5")},
+			want: base,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(append(pods(), tc.objects...)...)
+			f := newRecordingFence()
+			startWatch(t, client, f, &fakeTenants{tenants: map[string]string{"red": "red", "blue": "blue"}})
+			want := tc.want.addrs()
+			if got := f.view(); !maps.Equal(got, want) {
+				t.Errorf("fence holds %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// A ClusterIP's entry follows its Service and EndpointSlices, step by step.
+func TestClusterWatchServiceChanges(t *testing.T) {
+	client := fake.NewClientset(
+		testPod("red", "r1", "node-b", "10.1.0.1"),
+		testPod("blue", "b1", "node-b", "10.1.0.2"),
+		testService("red", "web", "10.96.0.10", "fd96::10"),
+		testSlice("red", "web-1", "web", "10.1.0.1"),
+	)
+	f := newRecordingFence()
+	tenants := &fakeTenants{tenants: map[string]string{"red": "red", "blue": "blue"}}
+	startWatch(t, client, f, tenants)
+	ctx := t.Context()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	eps := client.DiscoveryV1().EndpointSlices
+	setSlice := func(addrs ...string) {
+		_, err := eps("red").Update(ctx, testSlice("red", "web-1", "web", addrs...), metav1.UpdateOptions{})
+		must(err)
+	}
+
+	steps := []struct {
+		name string
+		do   func()
+		want fence
+	}{
+		{
+			name: "first sync: the Service's endpoint is its tenant's pod",
+			do:   func() {},
+			want: fence{"10.1.0.1": "red", "10.1.0.2": "blue", "10.96.0.10": "red", "fd96::10": "red"},
+		},
+		{
+			name: "the endpoints move to another tenant's pod: the entries go",
+			do:   func() { setSlice("10.1.0.2") },
+			want: fence{"10.1.0.1": "red", "10.1.0.2": "blue"},
+		},
+		{
+			name: "back to its own pod",
+			do:   func() { setSlice("10.1.0.1") },
+			want: fence{"10.1.0.1": "red", "10.1.0.2": "blue", "10.96.0.10": "red", "fd96::10": "red"},
+		},
+		{
+			name: "the endpoints move to an address of no pod: the entries go",
+			do:   func() { setSlice("10.1.0.1", "192.168.5.5") },
+			want: fence{"10.1.0.1": "red", "10.1.0.2": "blue"},
+		},
+		{
+			name: "a pod of the tenant takes that address: the entries come back",
+			do: func() {
+				_, err := client.CoreV1().Pods("red").Create(ctx, testPod("red", "r2", "node-c", "192.168.5.5"), metav1.CreateOptions{})
+				must(err)
+			},
+			want: fence{"10.1.0.1": "red", "10.1.0.2": "blue", "192.168.5.5": "red", "10.96.0.10": "red", "fd96::10": "red"},
+		},
+		{
+			name: "a second slice with another tenant's pod: the entries go",
+			do: func() {
+				_, err := eps("red").Create(ctx, testSlice("red", "web-2", "web", "10.1.0.2"), metav1.CreateOptions{})
+				must(err)
+			},
+			want: fence{"10.1.0.1": "red", "10.1.0.2": "blue", "192.168.5.5": "red"},
+		},
+		{
+			name: "that slice deleted: they come back",
+			do:   func() { must(eps("red").Delete(ctx, "web-2", metav1.DeleteOptions{})) },
+			want: fence{"10.1.0.1": "red", "10.1.0.2": "blue", "192.168.5.5": "red", "10.96.0.10": "red", "fd96::10": "red"},
+		},
+		{
+			name: "a new policy moves the namespace: the ClusterIPs follow their pods",
+			do:   func() { tenants.set("red", "green") },
+			want: fence{"10.1.0.1": "green", "10.1.0.2": "blue", "192.168.5.5": "green", "10.96.0.10": "green", "fd96::10": "green"},
+		},
+		{
+			name: "the Service deleted: its entries go",
+			do:   func() { must(client.CoreV1().Services("red").Delete(ctx, "web", metav1.DeleteOptions{})) },
+			want: fence{"10.1.0.1": "green", "10.1.0.2": "blue", "192.168.5.5": "green"},
+		},
+	}
+	for _, s := range steps {
+		s.do()
+		want := s.want.addrs()
+		deadline := time.Now().Add(5 * time.Second)
+		for !maps.Equal(f.view(), want) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := f.view(); !maps.Equal(got, want) {
+			t.Fatalf("%s: fence holds %v, want %v", s.name, got, want)
+		}
 	}
 }
