@@ -66,8 +66,10 @@
 //     identity agents) when the tier denies metadata: drop (metadata).
 //  10. IPv6 link-local peer (other than ND): drop (cluster).
 //  11. Peer owned by a tenant (a pod on this node, a pod of another node
-//     that the node agent learned from the API server (Manager.SetRemote),
-//     or a configured remote range): another tenant, drop (tenant); the
+//     or a Service's ClusterIP that the node agent learned from the API
+//     server (Manager.SetRemote: a ClusterIP only when every endpoint of
+//     the Service is a pod of its tenant), or a configured remote range):
+//     another tenant, drop (tenant); the
 //     same tenant passes, except
 //     RoCEv2 (UDP destination port 4791), which needs the RDMA grant on both
 //     ends (rdma).
@@ -77,7 +79,10 @@
 //     whatever the tier. A pod of another node is such a peer until the
 //     node agent has learned it (before its first sync, while it cannot
 //     reach the API server, or when the pod's namespace maps to no
-//     tenant), and again once the pod is gone.
+//     tenant), and again once the pod is gone. So is a ClusterIP the
+//     agent does not map (an endpoint of the Service outside its tenant):
+//     the sender's fence, which sees it before kube-proxy's DNAT, is the
+//     only check when the backend is not a fenced pod.
 //     The node's own addresses are in the cluster whatever the CIDRs say
 //     (the Manager adds them when it configures the node): after the
 //     node's NAT, NodePort, LoadBalancer and host-network traffic carries
