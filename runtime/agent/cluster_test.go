@@ -376,7 +376,8 @@ func TestOwner(t *testing.T) {
 	}
 }
 
-// The watch keeps a real fence: netpol.Manager on a private bpffs.
+// The watch keeps a real fence: netpol.Manager on a private bpffs, with a
+// pod of another node and a ClusterIP it backs.
 func TestClusterWatchNetpol(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_BPF, CAP_SYS_ADMIN) to mount a bpffs and load the fence")
@@ -399,7 +400,8 @@ func TestClusterWatchNetpol(t *testing.T) {
 		t.Fatal(err) // an earlier agent's entry, for an address since reused
 	}
 
-	client := fake.NewClientset(testPod("red", "a1", "node-b", "10.1.0.1", "fd01::1"))
+	client := fake.NewClientset(testPod("red", "a1", "node-b", "10.1.0.1", "fd01::1"),
+		testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.1"))
 	watching := make(chan struct{})
 	var once sync.Once
 	client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
@@ -413,7 +415,8 @@ func TestClusterWatchNetpol(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the informer never watched pods")
 	}
-	want := []netpol.RemotePod{{Addr: netip.MustParseAddr("10.1.0.1"), Tenant: "red"}, {Addr: netip.MustParseAddr("fd01::1"), Tenant: "red"}}
+	want := []netpol.RemotePod{{Addr: netip.MustParseAddr("10.1.0.1"), Tenant: "red"}, {Addr: netip.MustParseAddr("10.96.0.10"), Tenant: "red"},
+		{Addr: netip.MustParseAddr("fd01::1"), Tenant: "red"}}
 	remotes := func() []netpol.RemotePod {
 		got, err := m.RemotePods()
 		if err != nil {
@@ -436,6 +439,7 @@ func TestClusterWatchNetpol(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if got := remotes(); len(got) != 0 {
+		// The ClusterIP goes too: its endpoint is no pod any more.
 		t.Errorf("after the pod was deleted the fence holds %+v", got)
 	}
 }
