@@ -105,6 +105,9 @@ type Worker struct {
 	KubeletRoot string
 	// CgroupRoot is the kubelet's cgroupRoot (below every v1 hierarchy).
 	CgroupRoot string
+	// StaticPods is the kubelet's staticPodPath: a manifest written there
+	// runs on this node whether or not the API server answers.
+	StaticPods string
 	// AgentKubeconfig is the file the node agent reaches the API server
 	// with: the admin's until Install.Apply gives it the bulkhead-node
 	// ServiceAccount's token, as the DaemonSet does.
@@ -130,6 +133,7 @@ type Cluster struct {
 	pki     *pki
 	procs   []*process
 	etcdURL string
+	apiArgs []string
 	// proxy: kube-proxy was started, so its tables are this cluster's.
 	proxy  bool
 	onStop []func()
@@ -376,7 +380,9 @@ func (c *Cluster) runNamed(name, bin string, args ...string) (*process, error) {
 		return nil, err
 	}
 	p := &process{name: name, log: filepath.Join(logDir, name+".log"), exited: make(chan struct{})}
-	f, err := os.Create(p.log)
+	// Appended to: a component started again (StartAPIServer) keeps the
+	// earlier run's log.
+	f, err := os.OpenFile(p.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}

@@ -86,7 +86,7 @@ func TestCluster(t *testing.T) {
 	t.Logf("bulkhead installed %s after start", time.Since(started).Round(time.Second))
 	kubectl := func(args ...string) (string, error) { return c.Kubectl(ctx, args...) }
 	apply := func(manifest string) (string, error) { return c.KubectlStdin(ctx, manifest, "apply", "-f", "-") }
-	for _, ns := range []string{"agents", "batch", "platform"} {
+	for _, ns := range Namespaces {
 		if out, err := kubectl("create", "namespace", ns); err != nil {
 			t.Fatalf("create namespace %s: %v: %s", ns, err, out)
 		}
@@ -283,8 +283,12 @@ func TestCluster(t *testing.T) {
 		t.Logf("$ bulkhead node status\n%s", status)
 	})
 
+	t.Run("7-traffic-matrix-across-nodes", func(t *testing.T) { testTrafficMatrix(ctx, t, c) })
+	t.Run("8-api-server-down-30s", func(t *testing.T) { testAPIServerOutage(ctx, t, c) })
+	t.Run("9-quota-burst-across-nodes", func(t *testing.T) { testQuotaBurst(ctx, t, c) })
+
 	t.Run("6-uninstall-leaves-nothing", func(t *testing.T) {
-		if err := in.Uninstall(ctx, c, "agents", "batch", "platform"); err != nil {
+		if err := in.Uninstall(ctx, c, Namespaces...); err != nil {
 			t.Fatal(err)
 		}
 		out, err := kubectl("get", "validatingwebhookconfigurations,mutatingwebhookconfigurations,runtimeclasses,clusterroles,clusterrolebindings,namespaces", "-o", "name")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -87,6 +88,7 @@ plugins:
 		}
 		args = append(args, "--admission-control-config-file="+admission)
 	}
+	c.apiArgs = args
 	p, err := c.run("kube-apiserver", args...)
 	if err != nil {
 		return err
@@ -94,6 +96,42 @@ plugins:
 	if c.Kubeconfig, err = c.kubeconfig("admin", "bulkhead-test-admin", "system:masters"); err != nil {
 		return err
 	}
+	return c.waitAPIServer(ctx, p)
+}
+
+// StopAPIServer stops the API server, as an outage of the control plane
+// would: every client (kubelets, agents, kubectl) sees its connections
+// refused until StartAPIServer.
+func (c *Cluster) StopAPIServer() {
+	for _, p := range c.procs {
+		if p.name == "kube-apiserver" {
+			p.stop(15 * time.Second)
+		}
+	}
+}
+
+// StartAPIServer starts the API server again with its flags and waits
+// until it is ready.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	i := slices.IndexFunc(c.procs, func(p *process) bool { return p.name == "kube-apiserver" })
+	if i < 0 {
+		return errors.New("cluster: no API server was started")
+	}
+	select {
+	case <-c.procs[i].exited:
+	default:
+		return errors.New("cluster: the API server is running")
+	}
+	p, err := c.run("kube-apiserver", c.apiArgs...)
+	if err != nil {
+		return err
+	}
+	// Where the old one was: Stop ends the components in order.
+	c.procs = append(c.procs[:i], append([]*process{p}, c.procs[i+1:len(c.procs)-1]...)...)
+	return c.waitAPIServer(ctx, p)
+}
+
+func (c *Cluster) waitAPIServer(ctx context.Context, p *process) error {
 	return waitFor(ctx, p, "kube-apiserver", 3*time.Minute, func(ctx context.Context) error {
 		out, err := c.Kubectl(ctx, "get", "--raw", "/readyz")
 		if err != nil {
@@ -163,6 +201,7 @@ makeIPTablesUtilChains: false
 containerRuntimeEndpoint: unix://%s
 imageServiceEndpoint: unix://%s
 podLogsDir: %s
+staticPodPath: %s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:
@@ -197,8 +236,12 @@ func (c *Cluster) startKubelet(ctx context.Context, w *Worker) error {
 	}
 	conf := filepath.Join(c.dir, w.Name, "kubelet.yaml")
 	sock := w.Node.Socket
+	w.StaticPods = filepath.Join(c.dir, w.Name, "manifests")
+	if err := os.MkdirAll(w.StaticPods, 0o755); err != nil {
+		return err
+	}
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(kubeletConfig, w.Address, port, c.CAFile, w.CgroupRoot, sock, sock,
-		filepath.Join(c.dir, w.Name, "pod-logs"))), 0o644); err != nil {
+		filepath.Join(c.dir, w.Name, "pod-logs"), w.StaticPods)), 0o644); err != nil {
 		return err
 	}
 	p, err := c.runNamed("kubelet-"+w.Name, "kubelet", "--config="+conf, "--kubeconfig="+kc,

@@ -13,16 +13,25 @@ import (
 // Tenants of the story the test and the demo tell: agents (untrusted, a
 // memory quota of 2Gi) for the sandbox, the refusals, the in-place resize
 // and the operator's mistake, batch (untrusted, a sandbox quota of 3) for
-// the Deployment, platform (trusted) for runc with a MIG slice. The memory
-// quota stays below the node's allocatable memory: the API server itself
-// refuses a resize past that, before any webhook.
+// the Deployment, platform (trusted) for runc with a MIG slice, analytics
+// (untrusted) as agents' neighbour in the traffic matrix across the nodes,
+// burst (untrusted, a sandbox quota of 3) for concurrent creates spread over
+// both nodes. The memory quotas stay below a node's allocatable memory: the
+// API server itself refuses a resize past that, before any webhook.
 const Tenants = `{"bulkhead": {"tenants": {
-  "agents":   {"tier": "untrusted", "namespaces": ["agents"], "egress_cidrs": ["10.96.0.0/12"],
-               "quota": {"sandboxes": 10, "gpu_slices": 6, "memory": "2Gi"}},
-  "batch":    {"tier": "untrusted", "namespaces": ["batch"],
-               "quota": {"sandboxes": 3, "gpu_slices": 0, "memory": "64Gi"}},
-  "platform": {"tier": "trusted", "namespaces": ["platform"]}
+  "agents":    {"tier": "untrusted", "namespaces": ["agents"], "egress_cidrs": ["10.96.0.0/12"],
+                "quota": {"sandboxes": 10, "gpu_slices": 6, "memory": "2Gi"}},
+  "batch":     {"tier": "untrusted", "namespaces": ["batch"],
+                "quota": {"sandboxes": 3, "gpu_slices": 0, "memory": "64Gi"}},
+  "platform":  {"tier": "trusted", "namespaces": ["platform"]},
+  "analytics": {"tier": "untrusted", "namespaces": ["analytics"],
+                "quota": {"sandboxes": 10, "gpu_slices": 0, "memory": "2Gi"}},
+  "burst":     {"tier": "untrusted", "namespaces": ["burst"],
+                "quota": {"sandboxes": 3, "gpu_slices": 0, "memory": "64Gi"}}
 }}}`
+
+// Namespaces are the story's namespaces, one per tenant.
+var Namespaces = []string{"agents", "batch", "platform", "analytics", "burst"}
 
 // sandboxPod is a pod an untrusted tenant may run on the bulkhead
 // RuntimeClass: limits, the local image (nothing can be pulled here).
@@ -150,7 +159,7 @@ func StartStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 			Address: fmt.Sprintf("10.192.%d.%d", pid%250, 10+i),
 			Node: node.Options{
 				BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d%c", id, 'a'+i), Subnet: subnet, Subnet6: subnet6,
-				PipelineEnabled: true,
+				Routed: true, PipelineEnabled: true,
 				ShimConfig:      in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs),
 			},
 		})
@@ -223,4 +232,66 @@ func CreateClaim(ctx context.Context, c *Cluster, manifest string, dryRun bool) 
 		args = append(args, "--dry-run=server")
 	}
 	return c.KubectlStdin(ctx, manifest, args...)
+}
+
+// probePod is a sandboxed pod on one node that answers netprobe (the test
+// image's probe) on TCP 8080, UDP 9090 and UDP 4791 (RoCEv2).
+const probePod = `apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: %s
+  labels: {app: %s}
+spec:
+  runtimeClassName: bulkhead
+  nodeSelector: {kubernetes.io/hostname: %s}
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: bulkhead.local/busybox:v1
+      imagePullPolicy: Never
+      command: ["netprobe", "serve", "tcp:8080", "udp:9090", "udp:4791"]
+      resources:
+        limits:
+          cpu: 100m
+          memory: 64Mi
+`
+
+// ProbePod is a gVisor pod name of namespace ns on node nodeName that
+// answers netprobe on TCP 8080, UDP 9090 and UDP 4791; it is labelled
+// app=name.
+func ProbePod(name, ns, nodeName string) string {
+	return fmt.Sprintf(probePod, name, ns, name, nodeName)
+}
+
+// StaticProbePod is ProbePod as a static pod manifest (a kubelet's
+// staticPodPath): the kubelet runs it without asking the API server, and
+// names it name-<node>.
+func StaticProbePod(name, ns string) string {
+	return strings.Replace(fmt.Sprintf(probePod, name, ns, name, "unused"), "  nodeSelector: {kubernetes.io/hostname: unused}\n", "", 1)
+}
+
+// ProbeService is a dual-stack ClusterIP Service name of namespace ns in
+// front of the pod labelled app=pod: TCP 8080 and UDP 9090.
+func ProbeService(name, ns, pod string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  type: ClusterIP
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  selector: {app: %s}
+  ports:
+    - {name: tcp, protocol: TCP, port: 8080, targetPort: 8080}
+    - {name: udp, protocol: UDP, port: 9090, targetPort: 9090}
+`, name, ns, pod)
+}
+
+// BurstPod is a sandboxed pod of namespace ns pinned to nodeName, for
+// concurrent creates against a quota.
+func BurstPod(name, ns, nodeName string) string {
+	return strings.Replace(Pod(name, ns, "bulkhead", nil), "spec:\n", "spec:\n  nodeSelector: {kubernetes.io/hostname: "+nodeName+"}\n", 1)
 }

@@ -68,6 +68,11 @@ type Options struct {
 	// Subnet6, when set, is the bridge's IPv6 pod CIDR too (a ULA prefix,
 	// e.g. "fd88:7::/64"): pods get an address of each family.
 	Subnet6 string
+	// Routed gives pods a default route through the bridge (IPv4, and
+	// IPv6 with Subnet6), as a cluster's pods have: a pod reaches other
+	// nodes' pods and Services through the host. Without it a pod reaches
+	// only its own bridge's subnet.
+	Routed bool
 	// Shim is the shim binary to register; empty looks up
 	// containerd-shim-bulkhead-v1 in BinDir.
 	Shim string
@@ -295,7 +300,8 @@ var cniConfig = template.Must(template.New("cni").Parse(`{
       "ipam": {
         "type": "host-local",
         "dataDir": "{{.Dir}}/cni-ipam",
-        "ranges": [[{"subnet": "{{.Subnet}}"}]{{if .Subnet6}}, [{"subnet": "{{.Subnet6}}"}]{{end}}]
+        "ranges": [[{"subnet": "{{.Subnet}}"}]{{if .Subnet6}}, [{"subnet": "{{.Subnet6}}"}]{{end}}]{{if .Routed}},
+        "routes": [{"dst": "0.0.0.0/0"}{{if .Subnet6}}, {"dst": "::/0"}{{end}}]{{end}}
       }
     },
     {"type": "loopback"}
@@ -369,7 +375,7 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	}
 	data := map[string]string{
 		"Dir": opts.Dir, "Socket": n.Socket, "PauseImage": images.PauseImage, "Handler": Handler,
-		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet, "Subnet6": opts.Subnet6,
+		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet, "Subnet6": opts.Subnet6, "Routed": map[bool]string{true: "yes"}[opts.Routed],
 		"RuncShim": runcShim, "RuncHandler": RuncHandler, "Runc": runc,
 		"UpstreamRuncShim": upstreamRuncShim, "UpstreamRuncHandler": UpstreamRuncHandler,
 		"UpstreamRunscShim": upstreamRunscShim, "UpstreamRunscHandler": UpstreamRunscHandler,
