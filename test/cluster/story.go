@@ -160,7 +160,7 @@ func StartStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 			Node: node.Options{
 				BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d%c", id, 'a'+i), Subnet: subnet, Subnet6: subnet6,
 				Routed: true, PipelineEnabled: true,
-				ShimConfig:      in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs),
+				ShimConfig: in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs),
 			},
 		})
 	}
