@@ -3,8 +3,10 @@ package netpol
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	"github.com/cilium/ebpf"
@@ -41,7 +43,7 @@ func OpenReadOnly(pinDir string) (*Reader, error) {
 			m.Close()
 		}
 	}
-	for _, name := range []string{mapEndpoints, mapEgressV4, mapEgressV6, mapDrops, mapTenantIDs, mapTierIDs} {
+	for _, name := range []string{mapEndpoints, mapEgressV4, mapEgressV6, mapDrops, mapTenantIDs, mapTierIDs, mapOwnerV4, mapOwnerV6} {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
 			closeAll()
@@ -59,12 +61,14 @@ func OpenReadOnly(pinDir string) (*Reader, error) {
 		drops:     maps[mapDrops],
 		tenantIDs: maps[mapTenantIDs],
 		tierIDs:   maps[mapTierIDs],
+		ownerV4:   maps[mapOwnerV4],
+		ownerV6:   maps[mapOwnerV6],
 	}}, nil
 }
 
 // Close releases the map handles.
 func (r *Reader) Close() error {
-	for _, m := range []*ebpf.Map{r.dp.endpoints, r.dp.egressV4, r.dp.egressV6, r.dp.drops, r.dp.tenantIDs, r.dp.tierIDs} {
+	for _, m := range []*ebpf.Map{r.dp.endpoints, r.dp.egressV4, r.dp.egressV6, r.dp.drops, r.dp.tenantIDs, r.dp.tierIDs, r.dp.ownerV4, r.dp.ownerV6} {
 		if m != nil {
 			m.Close()
 		}
@@ -106,4 +110,47 @@ func (r *Reader) Stats(tenant string) (Stats, error) {
 		return Stats{}, fmt.Errorf("netpol: stats: %w", err)
 	}
 	return Stats{Tenant: tenant, Drops: drops}, nil
+}
+
+// RemotePods lists the remote pods the node agent gave the fence
+// (Manager.SetRemote), ordered by address, without the fence's lock: each
+// entry is as one map update left it, and the set may be mid-change.
+func (r *Reader) RemotePods() ([]RemotePod, error) {
+	var out []RemotePod
+	var (
+		a4  [4]byte
+		a16 [16]byte
+		o   owner
+	)
+	add := func(a netip.Addr) error {
+		if o.Flags&flagRemotePod == 0 {
+			return nil
+		}
+		tenant, err := nameOf(r.dp.tenantIDs, o.Tenant)
+		if err != nil {
+			return err
+		}
+		out = append(out, RemotePod{Addr: a, Tenant: tenant, AllowRDMA: o.Flags&flagRDMA != 0})
+		return nil
+	}
+	it := r.dp.ownerV4.Iterate()
+	for it.Next(&a4, &o) {
+		if err := add(netip.AddrFrom4(a4)); err != nil {
+			return nil, fmt.Errorf("netpol: remote pods: %w", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("netpol: remote pods: %w", err)
+	}
+	it = r.dp.ownerV6.Iterate()
+	for it.Next(&a16, &o) {
+		if err := add(netip.AddrFrom16(a16)); err != nil {
+			return nil, fmt.Errorf("netpol: remote pods: %w", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("netpol: remote pods: %w", err)
+	}
+	slices.SortFunc(out, func(a, b RemotePod) int { return a.Addr.Compare(b.Addr) })
+	return out, nil
 }

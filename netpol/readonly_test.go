@@ -3,7 +3,9 @@ package netpol
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"os"
+	"slices"
 	"testing"
 )
 
@@ -36,5 +38,42 @@ func TestOpenReadOnly(t *testing.T) {
 	}
 	if err := r.dp.tenantIDs.Put(nameKey{}, uint32(1)); err == nil {
 		t.Fatal("a read-only handle accepted a write")
+	}
+}
+
+// TestReaderRemotePods: a reader lists the agent's remote pods as the
+// Manager does, without its lock, and nothing else of the owner hashes.
+func TestReaderRemotePods(t *testing.T) {
+	f := newRemoteFixture(t, "untrusted")
+	ctx := context.Background()
+	pods := []RemotePod{
+		{Addr: netip.MustParseAddr(remoteSame4), Tenant: "acme"},
+		{Addr: netip.MustParseAddr(remoteSame6), Tenant: "acme"},
+		{Addr: netip.MustParseAddr("10.7.0.6"), Tenant: "globex", AllowRDMA: true},
+	}
+	if err := f.m.SetRemote(ctx, pods); err != nil {
+		t.Fatal(err)
+	}
+	r, err := OpenReadOnly(f.m.opts.PinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got, err := r.RemotePods()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := f.m.RemotePods()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) || len(got) != len(pods) {
+		t.Errorf("Reader.RemotePods = %v, want %v (the Manager's)", got, want)
+	}
+	if err := f.m.DeleteRemote(ctx, netip.MustParseAddr("10.7.0.6")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := r.RemotePods(); len(got) != 2 {
+		t.Errorf("after DeleteRemote the reader lists %v, want the two acme addresses", got)
 	}
 }
