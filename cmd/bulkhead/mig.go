@@ -272,7 +272,7 @@ func migSimulate(args []string, stdout, stderr io.Writer) int {
 		byName[r.Strategy] = r
 	}
 	best := results[0]
-	for _, base := range []string{"first-fit", "driver-order"} {
+	for _, base := range []string{"first-fit", "driver-order", simulate.DRAFirstFit} {
 		if b, ok := byName[base]; ok && b.Acceptance > 0 {
 			fmt.Fprintf(stdout, "%s vs %s: acceptance x%.3f, served compute x%.3f\n", best.Strategy, base,
 				best.Acceptance/b.Acceptance, best.ServedCompute/b.ServedCompute)

@@ -403,7 +403,9 @@ func fragmentation(a *mig.Allocator) (float64, int) {
 // Strategies are the strategies Compare replays, Bulkhead's first.
 var Strategies = []mig.Strategy{mig.BestFit, mig.FirstFit, mig.DriverOrder, mig.Spread}
 
-// Compare runs Strategies over the same events, then the exact optima
+// Compare runs Strategies over the same events, then the scheduler's first
+// fit over the published devices in each of DRAOrders (traces without
+// isolated requests only, see RunDRA), then the exact optima
 // (requests and compute) when the instance is small enough (see RunExact),
 // and the repack oracle when the node is (see RunRepack).
 func Compare(events []Event, model string, gpus int) ([]Result, error) {
@@ -414,6 +416,15 @@ func Compare(events []Event, model string, gpus int) ([]Result, error) {
 			return nil, err
 		}
 		out = append(out, r)
+	}
+	if !hasIsolation(events) {
+		for _, o := range DRAOrders {
+			r, err := RunDRA(events, model, gpus, o)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, r)
+		}
 	}
 	for _, exact := range []func([]Event, string, int) (Result, error){RunExact, RunExactCompute} {
 		r, err := exact(events, model, gpus)
