@@ -66,10 +66,13 @@
 // counters (128 otherwise); at most 2 counter consumptions per device.
 // Publish puts the counter sets in slices of 8 GPUs and the devices in
 // slices of 64, keeping every profile's devices in one slice where they fit
-// (56 for a 1g on 8 GPUs): the stable allocator (kube-scheduler with the
-// default feature gates) walks a pool's slices in the order it lists them,
-// not by name, so an order that spans slices is kept only by the allocators
-// that sort slices by name (and the kubelet plugin helper names them with
-// their index first). Device names are DNS labels ("gpu0-3g-71gb-at4"),
-// unique in the pool.
+// (56 for a 1g on 8 GPUs), so that the order holds whichever way the
+// scheduler walks the slices. kube-scheduler v1.37 with its default feature
+// gates runs the "incubating" allocator (DRAConsumableCapacity and
+// DRADeviceBindingConditions are on, and the "stable" one lacks them),
+// which sorts a pool's slices by name; the kubelet plugin helper names them
+// with their index first, zero-padded, so a profile that spans slices (1g
+// from 10 GPUs on) keeps its order there. The stable allocator, used when
+// those gates are off, walks slices in the order its lister returns them.
+// Device names are DNS labels ("gpu0-3g-71gb-at4"), unique in the pool.
 package dra

@@ -2,7 +2,8 @@
 // against a node and measures how well a placement strategy packs them:
 // acceptance rate, served compute, fragmentation and slice utilisation, for
 // Bulkhead's best fit and the baselines (first fit at the lowest start, the
-// driver's own placement order, spreading), against the exact optima of
+// driver's own placement order, spreading, and the Kubernetes scheduler's
+// first fit over the devices mig/dra publishes), against the exact optima of
 // small instances (every placement tried, the future known) and a repack
 // oracle that may move every slice at every arrival.
 //
