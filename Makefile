@@ -58,7 +58,7 @@ build-failpoints: ## Build the test agent that honours BULKHEAD_TEST_FAIL_AT, wi
 	$(GO) build -ldflags "$(LDFLAGS)" -tags 'bulkhead_failpoints bulkhead_mockgpu' -o $(BIN)/failpoints/ ./cmd/bulkhead-agent
 
 .PHONY: deps
-deps: ## Install the Debian packages a node and the tests need (CNI plugins, busybox-static, iproute2, gcc, libseccomp-dev, pkg-config, etcd-server); root.
+deps: ## Install the Debian packages a node and the tests need (CNI plugins, busybox-static, iproute2, gcc, libseccomp-dev, pkg-config, etcd-server, nftables); root.
 	bash test/scripts/deps.sh
 
 .PHONY: tools-node
@@ -85,8 +85,12 @@ test: build build-failpoints tools ## Run every test: unit, Rego (with coverage 
 	$(GO) test -run '^$$' -fuzz '^FuzzMergeData$$' -fuzztime 10s ./policy
 
 .PHONY: test-cluster
-test-cluster: build tools ## Install Bulkhead from deploy/ on a private one-node Kubernetes cluster and run the user's cases through kubectl (root; etcd from make deps).
+test-cluster: build tools ## Install Bulkhead from deploy/ on a private two-node Kubernetes cluster (kube-proxy, nodes node-a and node-b) and run the user's cases through kubectl, the traffic matrix across the nodes, a 30 s API server outage and a quota burst included (root; etcd from make deps).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -v -count=1 -timeout 25m -run '^TestCluster$$' ./test/cluster/
+
+.PHONY: bench-cluster
+bench-cluster: build tools ## Across nodes: how long after a pod of one node is Running the other node's fence holds its tenant, p50/p99 over a churn of 100 pods (root; a two-node cluster).
+	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -v -timeout 30m -run '^$$' -bench BenchmarkRemotePropagation -benchtime 1x ./test/cluster/
 
 .PHONY: test-unit
 test-unit: ## Run the unprivileged unit tests only (short mode).
@@ -107,7 +111,7 @@ demo: ## Run a real local node (containerd + Bulkhead + gVisor + eBPF fence) wit
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(BIN)/demo
 
 .PHONY: demo-cluster
-demo-cluster: ## Install Bulkhead on a private one-node Kubernetes cluster and show what kubectl shows at each step: `sudo make demo-cluster`.
+demo-cluster: ## Install Bulkhead on a private two-node Kubernetes cluster and show what kubectl shows at each step: `sudo make demo-cluster`.
 	@if [ "$$(id -u)" != 0 ]; then echo "make demo-cluster: the cluster needs root (kubelet, containerd, cgroups, eBPF): run sudo make demo-cluster" >&2; exit 2; fi
 	$(AS_USER) $(if $(AS_USER),env PATH="$(dir $(GO)):/usr/local/bin:/usr/bin:/bin") $(MAKE) --no-print-directory GO=$(GO) TOOLS_DIR=$(TOOLS_DIR) build tools
 	$(AS_USER) $(if $(AS_USER),env PATH="$(dir $(GO)):/usr/local/bin:/usr/bin:/bin") $(GO) build -o $(BIN)/demo-cluster ./test/cluster/demo

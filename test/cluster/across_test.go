@@ -376,7 +376,13 @@ func testAPIServerOutage(ctx context.Context, t *testing.T, c *Cluster) {
 	// The kubelet posts the static pod's mirror; node-a's agent learns it.
 	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
+	var mirrored time.Duration
 	if why := eventually(wctx, func() string {
+		if mirrored == 0 {
+			if ip, err := c.Kubectl(ctx, "-n", "agents", "get", "pod", lateName, "-o", "jsonpath={.status.podIP}"); err == nil && ip == late.String() {
+				mirrored = time.Since(back)
+			}
+		}
 		got, err := criProbe(ctx, a, "agents", "xa", "tcp", late)
 		if err != nil {
 			return err.Error()
@@ -389,7 +395,10 @@ func testAPIServerOutage(ctx context.Context, t *testing.T, c *Cluster) {
 		pods, _ := c.Kubectl(ctx, "get", "pods", "-A", "-o", "wide")
 		t.Errorf("after the API server returned: %s\n$ kubectl get pods -A -o wide\n%s\n$ bulkhead node status (%s)\n%s", why, pods, NodeA, nodeStatus(ctx, t, a))
 	} else {
-		t.Logf("API server back: xa -> %s passes %s after the restart", lateName, time.Since(back).Round(100*time.Millisecond))
+		// The kubelet posts a static pod's mirror at its next sync of the
+		// pod, and the agent's informer retries with client-go's backoff.
+		t.Logf("API server back: the mirror pod %s with its address in the API server %s after the restart (0: not seen); xa -> %s passes %s after it",
+			lateName, mirrored.Round(100*time.Millisecond), lateName, time.Since(back).Round(100*time.Millisecond))
 	}
 	expect("API server back", peers["xb"].v4, "xb", true)
 	expect("API server back", peers["yb"].v4, "yb", false)

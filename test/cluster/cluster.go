@@ -86,6 +86,9 @@ type NodeOptions struct {
 	// Address is the node's IPv4 address (InternalIP), put on the
 	// cluster's Link.
 	Address string
+	// PinDir is the node's fence pin directory, as Node.ShimConfig names
+	// it (tests read the fence there).
+	PinDir string
 	// Node configures the node's private containerd and agent: its Bridge,
 	// Subnet and Subnet6 are the node's CNI bridge and pod CIDRs. Dir,
 	// KubeletRoot, AgentKubeconfig and AgentNodeName are set by Start.
@@ -101,6 +104,8 @@ type Worker struct {
 	Address string
 	// Node is the node's containerd, CNI bridge and agent.
 	Node *node.Node
+	// PinDir is the node's fence pin directory.
+	PinDir string
 	// KubeletRoot is the kubelet's --root-dir.
 	KubeletRoot string
 	// CgroupRoot is the kubelet's cgroupRoot (below every v1 hierarchy).
@@ -314,7 +319,7 @@ func (c *Cluster) addLink(ctx context.Context) error {
 // its kubelet, and waits for it to be Ready.
 func (c *Cluster) startNode(ctx context.Context, no NodeOptions) error {
 	w := &Worker{
-		Name: no.Name, Address: no.Address, opts: no,
+		Name: no.Name, Address: no.Address, PinDir: no.PinDir, opts: no,
 		KubeletRoot: filepath.Join(c.dir, no.Name, "kubelet"),
 		CgroupRoot:  "/" + "bulkhead-cluster-" + filepath.Base(c.dir) + "-" + no.Name,
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	_, file, _, _ := runtime.Caller(0)
 	root, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", ".."))
 	if err != nil {
@@ -42,7 +42,7 @@ func eventually(ctx context.Context, check func() string) string {
 	}
 }
 
-// TestCluster installs Bulkhead from deploy/ on a real one-node cluster and
+// TestCluster installs Bulkhead from deploy/ on a real two-node cluster and
 // drives it through kubectl only, as a user and an operator would.
 func TestCluster(t *testing.T) {
 	if testing.Short() {

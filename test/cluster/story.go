@@ -119,6 +119,15 @@ const (
 // id, so that concurrent runs never meet. Stop removes all of it; on error
 // nothing is left.
 func StartStory(ctx context.Context, dir, repoRoot string, log func(string, ...any)) (*Cluster, *Install, error) {
+	return startStory(ctx, dir, repoRoot, log, 24)
+}
+
+// startStory is StartStory with each node's IPv4 pod range of prefixLen
+// bits (24 to 29): a small range makes a churn of pods reuse addresses.
+func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...any), prefixLen int) (*Cluster, *Install, error) {
+	if prefixLen < 24 || prefixLen > 29 {
+		return nil, nil, fmt.Errorf("story: node prefix length %d: want 24 to 29", prefixLen)
+	}
 	pid := os.Getpid()
 	id := pid % 100000
 	// The cluster's pod ranges, of which each node has a /24 and a /64.
@@ -142,7 +151,7 @@ func StartStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 	}
 	var pinDirs []string
 	for i, name := range []string{NodeA, NodeB} {
-		subnet := fmt.Sprintf("10.190.%d.0/24", block+1+i)
+		subnet := fmt.Sprintf("10.190.%d.0/%d", block+1+i, prefixLen)
 		subnet6 := fmt.Sprintf("fd19:%x:0:%d::/64", pid%0x10000, 1+i)
 		pinDir := filepath.Join("/sys/fs/bpf", "bh-cluster-"+filepath.Base(dir)+"-"+name)
 		pinDirs = append(pinDirs, pinDir)
@@ -157,6 +166,7 @@ func StartStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 		opts.Nodes = append(opts.Nodes, NodeOptions{
 			Name:    name,
 			Address: fmt.Sprintf("10.192.%d.%d", pid%250, 10+i),
+			PinDir:  pinDir,
 			Node: node.Options{
 				BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d%c", id, 'a'+i), Subnet: subnet, Subnet6: subnet6,
 				Routed: true, PipelineEnabled: true,
