@@ -42,8 +42,9 @@ func pooled(b *testing.B, o SyntheticOptions, seeds int) map[string]Result {
 // BenchmarkSimulate8GPU replays heavy-load synthetic traces (offered load
 // 1.5x the node's compute, 2000 arrivals, 12 seeds pooled) on 8 H200 GPUs
 // and reports each strategy's acceptance, served compute and utilisation,
-// and best fit's ratios to both baselines (same traces, same run): first
-// fit at the lowest start, and the driver's own placement order.
+// and best fit's ratios to the baselines (same traces, same run): first
+// fit at the lowest start, the driver's own placement order, and the
+// scheduler's first fit over the devices mig/dra publishes.
 func BenchmarkSimulate8GPU(b *testing.B) {
 	const gpus = 8
 	sum := pooled(b, SyntheticOptions{Model: "h200", GPUs: gpus, Load: 1.5}, 12)
@@ -53,7 +54,8 @@ func BenchmarkSimulate8GPU(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	short := map[string]string{"best-fit": "bestfit", "first-fit": "firstfit", "driver-order": "driver", "spread": "spread", "repack oracle": "repack"}
+	short := map[string]string{"best-fit": "bestfit", "first-fit": "firstfit", "driver-order": "driver", "spread": "spread", "repack oracle": "repack",
+		DRAFirstFit: "dra", DRAFirstFitAscending: "dra-ascending"}
 	for name, s := range short {
 		r := sum[name]
 		b.ReportMetric(r.Acceptance, s+"-accept")
@@ -61,7 +63,7 @@ func BenchmarkSimulate8GPU(b *testing.B) {
 		b.ReportMetric(r.Utilisation, s+"-util")
 	}
 	bf := sum["best-fit"]
-	for _, base := range []string{"first-fit", "driver-order"} {
+	for _, base := range []string{"first-fit", "driver-order", DRAFirstFit} {
 		r := sum[base]
 		b.ReportMetric(r.Fragmentation, short[base]+"-frag")
 		b.ReportMetric(bf.Acceptance/r.Acceptance, "bestfit/"+short[base]+"-accept")
