@@ -62,11 +62,15 @@ deps: ## Install the Debian packages a node and the tests need (CNI plugins, bus
 	bash test/scripts/deps.sh
 
 .PHONY: tools-node
-tools-node: ## Install only what a local node needs (containerd, ctr, runsc, crictl, opa, runc, and the upstream shims containerd-shim-runc-v2 and containerd-shim-runsc-v1 that bench-start compares with) into TOOLS_DIR (cached; ~20 min cold): make demo and make bench-start use it.
+tools-node: ## Install only what a local node needs (containerd, ctr, runsc, crictl, opa, runc) into TOOLS_DIR (cached; ~20 min cold): make demo uses it.
 	GO=$(GO) bash test/scripts/tools.sh node
 
+.PHONY: tools-bench
+tools-bench: ## tools-node and the upstream shims containerd-shim-runc-v2 and containerd-shim-runsc-v1 that bench-start compares with (cached): the benchmarks use it; no test needs them.
+	GO=$(GO) bash test/scripts/tools.sh bench
+
 .PHONY: tools
-tools: ## Install the node tools of tools-node and Kubernetes (apiserver, kubelet, ...) into TOOLS_DIR (cached; ~35 min cold on two idle cores).
+tools: ## Install the node tools of tools-node and Kubernetes (apiserver, kubelet, kube-proxy, ...) into TOOLS_DIR (cached; ~35 min cold on two idle cores): make test uses it.
 	GO=$(GO) bash test/scripts/tools.sh
 
 .PHONY: test
@@ -138,7 +142,7 @@ bench-webhook: ## Benchmark the admission webhook with concurrent TLS clients.
 	$(GO) test -run '^$$' -bench . -benchmem ./policy/admission/...
 
 .PHONY: bench-start
-bench-start: build build-failpoints tools-node ## 20 pod starts through CRI each, interleaved, p50/p95: Bulkhead gVisor and runc (pipeline on, off), upstream runc-v2 and runsc-v1 shims; each shim's, the gVisor sandbox's and the agent's PSS (root).
+bench-start: build build-failpoints tools-bench ## 20 pod starts through CRI each, interleaved, p50/p95: Bulkhead gVisor and runc (pipeline on, off), upstream runc-v2 and runsc-v1 shims; each shim's, the gVisor sandbox's and the agent's PSS (root).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -run '^$$' -bench BenchmarkPodStart -benchtime 1x ./test/e2e/...
 
 .PHONY: bench-agent

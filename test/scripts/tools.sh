@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
-# Installs the pinned node toolchain (containerd, ctr, runsc, crictl, opa, runc,
-# and the upstream shims make bench-start compares Bulkhead's against:
-# containerd-shim-runc-v2 and gVisor's containerd-shim-runsc-v1) and the
+# Installs the pinned node toolchain (containerd, ctr, runsc, crictl, opa,
+# runc), the upstream shims make bench-start compares Bulkhead's against
+# (containerd-shim-runc-v2 and gVisor's containerd-shim-runsc-v1), and the
 # Kubernetes components of test/cluster (kube-apiserver, kubelet,
-# kube-scheduler, kube-controller-manager, kubectl) into TOOLS_DIR with
-# `go install` / `go build`. Each step is keyed by its version in a stamp
-# file, so a rerun with a warm cache costs nothing; a cold run builds every
-# tool from source (about 35 minutes on two idle cores, Kubernetes alone 15 of
-# them; 44 minutes for Kubernetes alone on two busy ones) and says how far it is.
+# kube-scheduler, kube-controller-manager, kube-proxy, kubectl) into
+# TOOLS_DIR with `go install` / `go build`. Each step is keyed by its
+# version in a stamp file, so a rerun with a warm cache costs nothing; a cold
+# run builds every tool from source and says how far it is.
 #
-# Usage: tools.sh [node|all]. "node" installs only what a local node needs
+# Usage: tools.sh [node|bench|all]. "node" installs what a local node needs
 # (make tools-node: the demo, the e2e tests, opa for building bundles);
-# "all" (the default, make tools) adds Kubernetes for test/cluster.
+# "bench" adds the upstream shims, which only the benchmarks use (make
+# tools-bench); "all" (the default, make tools: make test and CI) adds
+# Kubernetes for test/cluster to "node", not the upstream shims, which no
+# test needs (test/node registers them only when they are installed).
 set -euo pipefail
 
 GO=${GO:-go}
 TOOLS_SET=${1:-all}
 case "${TOOLS_SET}" in
-node | all) ;;
+node | bench | all) ;;
 *)
-	echo "tools.sh: unknown set \"${TOOLS_SET}\" (want node or all)" >&2
+	echo "tools.sh: unknown set \"${TOOLS_SET}\" (want node, bench or all)" >&2
 	exit 2
 	;;
 esac
@@ -38,8 +40,9 @@ mkdir -p "${TOOLS_DIR}/bin"
 export GOBIN="${TOOLS_DIR}/bin"
 export GOFLAGS="${GOFLAGS:-} -trimpath"
 
-TOOLS_TOTAL=7 # install_tool calls below, plus build_kube for "all"
-if [[ "${TOOLS_SET}" == all ]]; then TOOLS_TOTAL=8; fi
+TOOLS_TOTAL=5 # install_tool calls below, plus the upstream shims for "bench", plus build_kube for "all"
+if [[ "${TOOLS_SET}" == bench ]]; then TOOLS_TOTAL=7; fi
+if [[ "${TOOLS_SET}" == all ]]; then TOOLS_TOTAL=6; fi
 tool_n=0
 install_tool() { # name version cgo package...
 	local name=$1 version=$2 cgo=$3
@@ -79,15 +82,17 @@ install_tool runsc "${GVISOR_VERSION}" 0 "gvisor.dev/gvisor/runsc@${GVISOR_VERSI
 install_tool crictl "${CRICTL_VERSION}" 0 "sigs.k8s.io/cri-tools/cmd/crictl@${CRICTL_VERSION}"
 install_tool opa "${OPA_VERSION}" 0 "github.com/open-policy-agent/opa@${OPA_VERSION}"
 install_tool runc "${RUNC_VERSION}" 1 -tags seccomp "github.com/opencontainers/runc@${RUNC_VERSION}"
-# containerd's own runc shim, as upstream ships it: the baseline of the runc
-# tier's start times (make bench-start).
-install_tool containerd-shim-runc-v2 "${CONTAINERD_VERSION}" 1 \
-	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@${CONTAINERD_VERSION}"
-# gVisor's own shim of the same gVisor version as runsc and Bulkhead's shim
-# library, as upstream ships it (static like runsc): the baseline of the
-# gVisor tier's start times where the shim may set its oom_score_adj
-# (CAP_SYS_RESOURCE; docs/benchmarks.md).
-install_tool containerd-shim-runsc-v1 "${GVISOR_VERSION}" 0 "gvisor.dev/gvisor/shim@${GVISOR_VERSION}"
+if [[ "${TOOLS_SET}" == bench ]]; then
+	# containerd's own runc shim, as upstream ships it: the baseline of the
+	# runc tier's start times (make bench-start).
+	install_tool containerd-shim-runc-v2 "${CONTAINERD_VERSION}" 1 \
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@${CONTAINERD_VERSION}"
+	# gVisor's own shim of the same gVisor version as runsc and Bulkhead's
+	# shim library, as upstream ships it (static like runsc): the baseline of
+	# the gVisor tier's start times where the shim may set its oom_score_adj
+	# (CAP_SYS_RESOURCE; docs/benchmarks.md).
+	install_tool containerd-shim-runsc-v1 "${GVISOR_VERSION}" 0 "gvisor.dev/gvisor/shim@${GVISOR_VERSION}"
+fi
 
 # Kubernetes of one release, built from the k8s.io/kubernetes module through
 # the tools module test/cluster/tools (its go.mod says why it exists). The
