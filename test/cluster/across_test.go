@@ -417,7 +417,8 @@ func testAPIServerOutage(ctx context.Context, t *testing.T, c *Cluster) {
 
 // testQuotaBurst creates 20 pods of tenant burst (a sandbox quota of 3) at
 // once, alternately pinned to each node: exactly 3 are admitted and run,
-// and every other create is refused naming the quota.
+// and every other create is refused naming the quota. Then the same with
+// the webhook wrongly exempting the namespace: each node runs 3.
 func testQuotaBurst(ctx context.Context, t *testing.T, c *Cluster) {
 	const n = 20
 	type result struct {
@@ -472,5 +473,79 @@ func testQuotaBurst(ctx context.Context, t *testing.T, c *Cluster) {
 	t.Logf("$ kubectl -n burst get pods -o wide\n%s", out)
 	if out, err := c.Kubectl(ctx, "-n", "burst", "delete", "pods", "--all", "--wait=true"); err != nil {
 		t.Errorf("delete the burst: %v: %s", err, out)
+	}
+
+	// The same burst with the namespace wrongly exempted from the webhook:
+	// the API server takes all 20, and each node's own ledger still caps
+	// the tenant on that node (3 each): the cluster-wide exactness is the
+	// webhook's ledger, the node's is the backstop.
+	patch := `[{"op":"add","path":"/webhooks/0/namespaceSelector/matchExpressions/0/values/-","value":"burst"}]`
+	if out, err := c.Kubectl(ctx, "patch", "validatingwebhookconfiguration", "bulkhead", "--type=json", "-p", patch); err != nil {
+		t.Fatalf("exempt burst: %v: %s", err, out)
+	}
+	defer func() {
+		unpatch := `[{"op":"test","path":"/webhooks/0/namespaceSelector/matchExpressions/0/values/2","value":"burst"},{"op":"remove","path":"/webhooks/0/namespaceSelector/matchExpressions/0/values/2"}]`
+		if out, err := c.Kubectl(ctx, "patch", "validatingwebhookconfiguration", "bulkhead", "--type=json", "-p", unpatch); err != nil {
+			t.Errorf("restore the exemptions: %v: %s", err, out)
+		}
+	}()
+	results = make([]result, n)
+	start = make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			nodeName := []string{NodeA, NodeB}[i%2]
+			out, err := c.KubectlStdin(ctx, BurstPod(fmt.Sprintf("x%02d", i), "burst", nodeName), "create", "-f", "-")
+			results[i] = result{out, err}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, r := range results {
+		if r.err != nil {
+			t.Errorf("create x%02d with the webhook exempting burst: %v: %s", i, r.err, r.out)
+		}
+	}
+	perNode := func() (map[string]int, string) {
+		out, err := c.Kubectl(ctx, "-n", "burst", "get", "pods", "--field-selector=status.phase=Running", "-o", "jsonpath={range .items[*]}{.spec.nodeName}{\"\\n\"}{end}")
+		if err != nil {
+			return nil, out
+		}
+		m := map[string]int{}
+		for _, n := range strings.Fields(out) {
+			m[n]++
+		}
+		return m, ""
+	}
+	wctx2, cancel2 := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel2()
+	if why := eventually(wctx2, func() string {
+		m, why := perNode()
+		if why != "" {
+			return why
+		}
+		if m[NodeA] != 3 || m[NodeB] != 3 {
+			return fmt.Sprintf("Running per node %v, want 3 on each", m)
+		}
+		return ""
+	}); why != "" {
+		t.Error(why)
+	}
+	// Longer than the kubelet's sandbox retries: none of the refused ones
+	// runs later.
+	time.Sleep(10 * time.Second)
+	m, _ := perNode()
+	t.Logf("webhook bypassed: 20 created, Running per node %v (each node's ledger caps the tenant at 3 there)", m)
+	if m[NodeA] > 3 || m[NodeB] > 3 {
+		t.Errorf("a node ran more than the tenant's quota of 3: %v", m)
+	}
+	ev, _ := c.Kubectl(ctx, "-n", "burst", "get", "events", "--field-selector=reason=BulkheadRefused", "-o", "custom-columns=MESSAGE:.message", "--no-headers")
+	if !strings.Contains(ev, "[quota.sandboxes]") {
+		t.Errorf("no BulkheadRefused event names [quota.sandboxes]:\n%s", ev)
+	}
+	if out, err := c.Kubectl(ctx, "-n", "burst", "delete", "pods", "--all", "--wait=true"); err != nil {
+		t.Errorf("delete the second burst: %v: %s", err, out)
 	}
 }
