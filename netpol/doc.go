@@ -87,7 +87,14 @@
 //     (the Manager adds them when it configures the node): after the
 //     node's NAT, NodePort, LoadBalancer and host-network traffic carries
 //     them, from any tenant, so only a tier that lists them as shared
-//     services exchanges packets with them.
+//     services exchanges packets with them. So are the other nodes'
+//     addresses (their InternalIP and ExternalIP) that the node agent
+//     learns from the API server (Manager.SetRemoteNodes): a host-network
+//     pod there, a NodePort masqueraded there or that node's kubelet
+//     reaches a pod from them, and without them an address of another node
+//     outside the CIDRs would be outside the cluster (rule 15) for every
+//     tier. They are kept apart from the configured ranges: a new
+//     ClusterConfig, a restarted agent's included, leaves them in place.
 //  15. Peer outside the cluster: pass, or for a pod with an egress allow-list
 //     only when listed (egress).
 //
@@ -139,7 +146,10 @@
 // longest match, for the price of a hash lookup instead of a walk down a
 // trie of every pod), owner_mac (hash: a pod's MAC -> owning tenant),
 // service_v4/v6 (LPM keyed by tier), egress_v4/v6 and metadata_v4/v6
-// (LPM keyed by ifindex), cluster_v4/v6 (LPM), drops (per-CPU
+// (LPM keyed by ifindex), cluster_v4/v6 (LPM; the value's bits say who
+// holds the entry, configured ranges and this node's addresses or other
+// nodes' addresses learned by the agent, and an entry goes only when no
+// bit is left; the programs test presence only), drops (per-CPU
 // counters keyed by tenant and reason), tenant_ids and tier_ids (stable
 // name -> id for the node). TCX links are pinned under PinDir/links, so the
 // fence outlives the shim that registered it. Updates from several shims

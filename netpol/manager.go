@@ -51,7 +51,9 @@ type ClusterConfig struct {
 	// ClusterCIDRs are the cluster's pod and service ranges, and the node
 	// network. An address in them that no tenant owns and no shared
 	// service covers is dropped; addresses outside them are "leaving the
-	// cluster". This node's own addresses are added to them.
+	// cluster". This node's own addresses are added to them, and so are
+	// the other nodes' addresses the node agent learns
+	// (Manager.SetRemoteNodes), which a new ClusterConfig leaves in place.
 	ClusterCIDRs []netip.Prefix
 	// SharedServices lists, per tier name, the CIDRs every pod of that tier
 	// may reach whatever its tenant: cluster DNS, the API server.

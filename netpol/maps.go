@@ -433,58 +433,6 @@ func scopedReplace(v4, v6 *ebpf.Map, scope uint32, want []netip.Prefix) error {
 	return nil
 }
 
-// replaceCluster makes the in-cluster tries hold exactly want.
-func (d *datapath) replaceCluster(want []netip.Prefix) error {
-	keep := map[netip.Prefix]bool{}
-	for _, p := range want {
-		p = p.Masked()
-		keep[p] = true
-		var err error
-		if p.Addr().Is4() {
-			err = d.clusterV4.Update(lpmKeyV4{uint32(p.Bits()), p.Addr().As4()}, uint8(1), ebpf.UpdateAny)
-		} else {
-			err = d.clusterV6.Update(lpmKeyV6{uint32(p.Bits()), p.Addr().As16()}, uint8(1), ebpf.UpdateAny)
-		}
-		if err != nil {
-			return fmt.Errorf("cluster CIDR %s: %w", p, err)
-		}
-	}
-	var k4 lpmKeyV4
-	var k6 lpmKeyV6
-	var val uint8
-	var stale4 []lpmKeyV4
-	var stale6 []lpmKeyV6
-	it := d.clusterV4.Iterate()
-	for it.Next(&k4, &val) {
-		if !keep[netip.PrefixFrom(netip.AddrFrom4(k4.Addr), int(k4.Prefixlen))] {
-			stale4 = append(stale4, k4)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	it = d.clusterV6.Iterate()
-	for it.Next(&k6, &val) {
-		if !keep[netip.PrefixFrom(netip.AddrFrom16(k6.Addr), int(k6.Prefixlen))] {
-			stale6 = append(stale6, k6)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	for _, k := range stale4 {
-		if err := ignoreNotExist(d.clusterV4.Delete(k)); err != nil {
-			return err
-		}
-	}
-	for _, k := range stale6 {
-		if err := ignoreNotExist(d.clusterV6.Delete(k)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // owners lists the owner hashes and the tenant tries.
 func (d *datapath) owners() (map[netip.Prefix]owner, error) {
 	out := map[netip.Prefix]owner{}

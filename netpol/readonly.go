@@ -43,7 +43,7 @@ func OpenReadOnly(pinDir string) (*Reader, error) {
 			m.Close()
 		}
 	}
-	for _, name := range []string{mapEndpoints, mapEgressV4, mapEgressV6, mapDrops, mapTenantIDs, mapTierIDs, mapOwnerV4, mapOwnerV6} {
+	for _, name := range []string{mapEndpoints, mapEgressV4, mapEgressV6, mapDrops, mapTenantIDs, mapTierIDs, mapOwnerV4, mapOwnerV6, mapClusterV4, mapClusterV6} {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
 			closeAll()
@@ -63,12 +63,14 @@ func OpenReadOnly(pinDir string) (*Reader, error) {
 		tierIDs:   maps[mapTierIDs],
 		ownerV4:   maps[mapOwnerV4],
 		ownerV6:   maps[mapOwnerV6],
+		clusterV4: maps[mapClusterV4],
+		clusterV6: maps[mapClusterV6],
 	}}, nil
 }
 
 // Close releases the map handles.
 func (r *Reader) Close() error {
-	for _, m := range []*ebpf.Map{r.dp.endpoints, r.dp.egressV4, r.dp.egressV6, r.dp.drops, r.dp.tenantIDs, r.dp.tierIDs, r.dp.ownerV4, r.dp.ownerV6} {
+	for _, m := range []*ebpf.Map{r.dp.endpoints, r.dp.egressV4, r.dp.egressV6, r.dp.drops, r.dp.tenantIDs, r.dp.tierIDs, r.dp.ownerV4, r.dp.ownerV6, r.dp.clusterV4, r.dp.clusterV6} {
 		if m != nil {
 			m.Close()
 		}

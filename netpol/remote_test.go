@@ -68,7 +68,14 @@ func remoteFrames() map[string][]byte {
 // drop is false, else a drop counted under reason.
 func (f *remoteFixture) expect(step string, drop bool, reason Reason) {
 	f.t.Helper()
-	for name, frame := range remoteFrames() {
+	f.expectFrames(step, remoteFrames(), drop, reason)
+}
+
+// expectFrames runs frames, named "... from pod" or "... to pod", and
+// checks their verdicts as expect does.
+func (f *remoteFixture) expectFrames(step string, frames map[string][]byte, drop bool, reason Reason) {
+	f.t.Helper()
+	for name, frame := range frames {
 		dir := FromPod
 		if strings.HasSuffix(name, "to pod") {
 			dir = ToPod
