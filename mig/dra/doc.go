@@ -35,9 +35,10 @@
 //     touched, which is best fit's "pack the fuller GPU" while GPUs fill in
 //     index order.
 //  3. Within a GPU, the profile's starts in the order best fit takes them
-//     when it fills an empty GPU with that profile alone (1g: slot 6 first,
-//     keeping the 4g at 0 and the 3g and 2g pairs whole); starts best fit
-//     never reaches (an instance limit) follow in ascending order.
+//     when it fills an empty GPU with that profile alone (1g: slots 6, 4,
+//     5, then 0-3: slots 0-3 stay whole for a 4g or 3g as long as they
+//     can, and slot 6 breaks no 2g); starts best fit never reaches (an
+//     instance limit) follow in ascending order.
 //
 // OrderAscending (GPU, then start, ascending) is the naive order; first fit
 // over it places exactly as mig.FirstFit does.

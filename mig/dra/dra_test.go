@@ -397,7 +397,7 @@ func TestOrder(t *testing.T) {
 		want    []string // the devices of profile, in published order
 	}{
 		// Best fit's own order on an empty GPU: small slices from the
-		// top, keeping the 4g at 0 and the 3g pair whole as long as it can.
+		// top, keeping slots 0-3 whole for a 4g or 3g as long as it can.
 		{OrderPreferred, "1g.18gb", []string{"at6", "at4", "at5", "at0", "at1", "at2", "at3"}},
 		{OrderPreferred, "1g.35gb", []string{"at6", "at4", "at0", "at2"}},
 		{OrderPreferred, "2g.35gb", []string{"at4", "at0", "at2"}},
