@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // CertReloader serves a TLS certificate from files and picks up a new one
@@ -20,11 +21,12 @@ type CertReloader struct {
 	certFile, keyFile string
 	logger            *slog.Logger
 
-	// mu guards cert and stamp: the pair being served and the file
-	// identity it was loaded from.
-	mu    sync.RWMutex
-	cert  *tls.Certificate
-	stamp fileStamp
+	// mu guards cert, notAfter and stamp: the pair being served, when its
+	// certificate expires and the file identity it was loaded from.
+	mu       sync.RWMutex
+	cert     *tls.Certificate
+	notAfter time.Time
+	stamp    fileStamp
 }
 
 // fileStamp identifies the versions of the two files: a replaced file has a
@@ -82,10 +84,21 @@ func (r *CertReloader) load(st fileStamp) error {
 	if err != nil {
 		return fmt.Errorf("tls: loading %s and %s: %w", r.certFile, r.keyFile, err)
 	}
+	if pair.Leaf == nil {
+		return fmt.Errorf("tls: %s: the certificate does not parse", r.certFile)
+	}
 	r.mu.Lock()
-	r.cert, r.stamp = &pair, st
+	r.cert, r.notAfter, r.stamp = &pair, pair.Leaf.NotAfter, st
 	r.mu.Unlock()
 	return nil
+}
+
+// NotAfter is when the certificate being served expires: the notAfter of
+// the leaf, the first certificate of the file.
+func (r *CertReloader) NotAfter() time.Time {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.notAfter
 }
 
 // Reload reloads the pair if its files changed. On failure the previous

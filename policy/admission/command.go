@@ -203,6 +203,7 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 	}
 	metrics := NewMetrics()
 	metrics.observeRevision(engine.Revision())
+	metrics.WatchCertificate(certs)
 	reviewOpts := Options{Decider: engine, Metrics: metrics}
 	ready := func() error { return nil }
 	var ledger *QuotaLedger

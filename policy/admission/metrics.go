@@ -65,6 +65,24 @@ func NewMetrics() *Metrics {
 	return m
 }
 
+// WatchCertificate exports certs' expiry as
+// bulkhead_webhook_certificate_expiry_timestamp_seconds, read at scrape
+// time. The scrape first reloads the pair if its files changed, as the next
+// handshake would, so that a renewed Secret shows before any client
+// connects; a pair that fails to load leaves the served one, and its
+// expiry, in place. Call it once per Metrics.
+func (m *Metrics) WatchCertificate(certs *CertReloader) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "bulkhead_webhook_certificate_expiry_timestamp_seconds",
+		Help: "When the serving certificate expires (its notAfter), in seconds since the epoch.",
+	}, func() float64 {
+		if err := certs.Reload(); err != nil {
+			certs.logger.Warn("tls certificate reload failed; serving the previous one", "err", err)
+		}
+		return float64(certs.NotAfter().Unix())
+	}))
+}
+
 // KindOther is the kind label of every decision about a kind the webhook
 // does not review: the kind comes from the request, and a label value per
 // made-up kind would grow the series without bound.

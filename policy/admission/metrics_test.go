@@ -3,7 +3,10 @@ package admission
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -79,4 +82,66 @@ func TestDecisionSeriesAreBounded(t *testing.T) {
 			t.Errorf("decisions{result/kind=%s} = %v, want %v", k, got[k], v)
 		}
 	}
+}
+
+// TestCertificateExpiry: the expiry gauge is the notAfter of the pair the
+// webhook serves, follows a rotated Secret at the next scrape, and stays
+// on the served certificate when the new files do not load.
+func TestCertificateExpiry(t *testing.T) {
+	ca := newTestCA(t)
+	dir := t.TempDir()
+	first := time.Now().Add(30 * 24 * time.Hour).Truncate(time.Second)
+	ca.issueUntil(t, dir, 100, first)
+	certs, err := NewCertReloader(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics()
+	m.WatchCertificate(certs)
+	renewed := first.Add(90 * 24 * time.Hour)
+	for _, step := range []struct {
+		name   string
+		rotate func()
+		want   time.Time
+	}{
+		{name: "loaded", rotate: func() {}, want: first},
+		{name: "rotated", rotate: func() { ca.issueUntil(t, dir, 101, renewed) }, want: renewed},
+		{name: "broken key keeps the served certificate", rotate: func() {
+			ca.issueUntil(t, dir, 102, renewed.Add(time.Hour))
+			if err := os.WriteFile(filepath.Join(dir, "tls.key"), []byte("not a key"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, want: renewed},
+		{name: "expired certificate", rotate: func() { ca.issueUntil(t, dir, 103, first.Add(-60*24*time.Hour)) }, want: first.Add(-60 * 24 * time.Hour)},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			step.rotate()
+			got := gatherGauge(t, m, "bulkhead_webhook_certificate_expiry_timestamp_seconds")
+			if want := float64(step.want.Unix()); got != want {
+				t.Errorf("expiry = %v, want %v (%s)", time.Unix(int64(got), 0).UTC(), step.want.UTC(), step.name)
+			}
+			if !certs.NotAfter().Equal(step.want) {
+				t.Errorf("NotAfter() = %v, want %v", certs.NotAfter(), step.want)
+			}
+		})
+	}
+}
+
+// gatherGauge is the value of the one series of the gauge name.
+func gatherGauge(t *testing.T, m *Metrics, name string) float64 {
+	t.Helper()
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			if len(f.GetMetric()) != 1 {
+				t.Fatalf("%s: %d series, want 1", name, len(f.GetMetric()))
+			}
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("%s is not registered", name)
+	return 0
 }

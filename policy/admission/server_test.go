@@ -63,14 +63,21 @@ func newTestCA(t testing.TB) *testCA {
 	return &testCA{cert: cert, key: key, pool: pool}
 }
 
-// issue writes a serving certificate with the given serial to dir as
-// tls.crt and tls.key, replacing old files by rename as a Secret volume does.
 // pem is the CA's certificate, PEM-encoded.
 func (ca *testCA) pem() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
 }
 
+// issue writes a serving certificate with the given serial, valid for a
+// day, to dir as tls.crt and tls.key, replacing old files by rename as a
+// Secret volume does.
 func (ca *testCA) issue(t testing.TB, dir string, serial int64) {
+	t.Helper()
+	ca.issueUntil(t, dir, serial, time.Now().Add(24*time.Hour))
+}
+
+// issueUntil is issue with the certificate's notAfter.
+func (ca *testCA) issueUntil(t testing.TB, dir string, serial int64, notAfter time.Time) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -82,7 +89,7 @@ func (ca *testCA) issue(t testing.TB, dir string, serial int64) {
 		DNSNames:     []string{"bulkhead-webhook.bulkhead-system.svc"},
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
 		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
+		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
