@@ -54,7 +54,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	say("Starting a one-node Kubernetes cluster (etcd, API server, controller manager, scheduler, kubelet) in %s", dir)
+	say("Starting a two-node Kubernetes cluster (etcd, API server, controller manager, scheduler, kube-proxy; nodes %s and %s, each a kubelet on its own containerd and agent) in %s", cluster.NodeA, cluster.NodeB, dir)
 	c, in, err := cluster.StartStory(ctx, dir, repoRoot(), func(f string, a ...any) { fmt.Printf("    "+f+"\n", a...) })
 	if err != nil {
 		return err
@@ -92,7 +92,7 @@ func run(ctx context.Context) error {
 			time.Sleep(time.Second)
 		}
 	}
-	for _, ns := range []string{"agents", "batch", "platform"} {
+	for _, ns := range []string{"agents", "batch", "platform", "analytics"} {
 		show("create", "namespace", ns)
 		waitFor(func() bool { _, err := c.Kubectl(ctx, "-n", ns, "get", "serviceaccount", "default"); return err == nil })
 	}
@@ -140,8 +140,26 @@ func run(ctx context.Context) error {
 	show("-n", "platform", "wait", "--for=condition=Ready", "pod/trainer", "--timeout=180s")
 	show("-n", "platform", "exec", "trainer", "--", "sh", "-c", `tr '\0' '\n' </proc/1/environ | grep NVIDIA`)
 
-	say("7. Uninstall as docs/install.md says")
-	if err := in.Uninstall(ctx, c, "agents", "batch", "platform"); err != nil {
+	say("7. Across the nodes: each node's fence knows the other's pods from the API server")
+	apply("xa.yaml", cluster.ProbePod("xa", "agents", cluster.NodeA))
+	apply("xb.yaml", cluster.ProbePod("xb", "agents", cluster.NodeB))
+	apply("yb.yaml", cluster.ProbePod("yb", "analytics", cluster.NodeB))
+	for _, p := range [][2]string{{"agents", "xa"}, {"agents", "xb"}, {"analytics", "yb"}} {
+		show("-n", p[0], "wait", "--for=condition=Ready", "pod/"+p[1], "--timeout=180s")
+	}
+	show("get", "pods", "-A", "-o", "wide", "-l", "app in (xa,xb,yb)")
+	ipOf := func(ns, name string) string {
+		out, _ := c.Kubectl(ctx, "-n", ns, "get", "pod", name, "-o", "jsonpath={.status.podIP}")
+		return out
+	}
+	xb, yb := ipOf("agents", "xb"), ipOf("analytics", "yb")
+	say("   Same tenant (agents) from %s to %s: passes", cluster.NodeA, cluster.NodeB)
+	show("-n", "agents", "exec", "xa", "--", "netprobe", "tcp", xb+":8080")
+	say("   Another tenant (analytics) on %s: dropped by the fence", cluster.NodeB)
+	show("-n", "agents", "exec", "xa", "--", "netprobe", "tcp", yb+":8080")
+
+	say("8. Uninstall as docs/install.md says")
+	if err := in.Uninstall(ctx, c, "agents", "batch", "platform", "analytics"); err != nil {
 		return err
 	}
 	show("get", "validatingwebhookconfigurations,runtimeclasses,namespaces")
