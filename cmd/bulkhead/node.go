@@ -254,13 +254,14 @@ func clusterLine(c node.ClusterSync, now time.Time) string {
 	var line string
 	switch {
 	case !c.Watching:
-		line = "not watching the API server (no agent.kubeconfig, no service account): other nodes' pods are unknown cluster addresses, dropped as the tiers say"
+		line = "not watching the API server (no agent.kubeconfig, no service account): other nodes' pods are unknown cluster addresses, dropped as the tiers say; other nodes' addresses are in the cluster only where cluster_cidrs hold them"
 	case !c.Synced:
 		line = "NOT SYNCED with the API server yet: other nodes' pods are unknown cluster addresses, dropped as the tiers say"
 	case !c.Connected:
-		line = fmt.Sprintf("API SERVER LOST (last contact %s ago): %d remote pod addresses kept as last seen, new ones unknown", age(now, c.LastContact), c.RemoteAddresses)
+		line = fmt.Sprintf("API SERVER LOST (last contact %s ago): %d remote pod addresses and %d other node addresses kept as last seen, new ones unknown",
+			age(now, c.LastContact), c.RemoteAddresses, c.RemoteNodes)
 	default:
-		line = fmt.Sprintf("synced, %d remote pod addresses, last contact %s ago", c.RemoteAddresses, age(now, c.LastContact))
+		line = fmt.Sprintf("synced, %d remote pod addresses, %d other node addresses, last contact %s ago", c.RemoteAddresses, c.RemoteNodes, age(now, c.LastContact))
 	}
 	if c.LastError != "" {
 		line += "; last error: " + c.LastError

@@ -31,8 +31,9 @@ import (
 // The cluster watch keeps the fence's remote pods (netpol.Manager.SetRemote)
 // equal to the API server's view of the pods of other nodes, so that a pod
 // of the same tenant on another node is that tenant's, not an unknown
-// cluster address (issue 26), and gives a Service's ClusterIPs the tenant of
-// its namespace when every backend is a pod of that tenant.
+// cluster address (issue 26), gives a Service's ClusterIPs the tenant of
+// its namespace when every backend is a pod of that tenant, and puts the
+// other nodes' addresses in the cluster (netpol.Manager.SetRemoteNodes).
 //
 //   - Which pods: every pod not on this node (the informer sees the pods of
 //     every node, field selector spec.hostNetwork=false, checked again
@@ -67,22 +68,37 @@ import (
 //   - Which tenant: the loaded policy's, asked per namespace
 //     (policy.NamespaceTenants), never a rule restated here. A namespace of
 //     no tenant maps its pods and Services to nothing.
+//   - Which node addresses: status.addresses of type InternalIP and
+//     ExternalIP of every node but this one, both families; one that
+//     cannot be another node's (loopback, link-local) is skipped. They are
+//     in the cluster and no tenant's (netpol rule 14): a host-network pod
+//     of that node, a NodePort masqueraded there or its kubelet reaches a
+//     pod from them, from any tenant, so only a tier that lists them as
+//     shared services exchanges packets with them. Without them a node
+//     address outside cluster_cidrs would be outside the cluster and pass
+//     for every pod without an egress allow-list. Unlike remote pods they
+//     are not cleared at start: a stale node address only drops more
+//     (rule 14 instead of 15), which fails closed, while clearing them
+//     would let the other nodes pass as outside the cluster until the
+//     first sync.
 //   - An address two claimants (pods, ClusterIPs) claim with different
 //     tenants (a lagging status) maps to nothing: an address never keeps an
 //     old tenant, it is unknown for a moment instead. A ClusterIP that is
 //     not owned claims its address for nobody.
-//   - Until the first full list of pods, Services and EndpointSlices is in
-//     the fence, nothing is mapped: the watch starts by clearing what an
-//     earlier agent left (an address may have been reused while no agent
-//     watched). An address the fence does not know is dropped for every
-//     tier (netpol rule 14). While the API server is lost, the entries stay
-//     as last seen (existing flows keep their verdicts) and new addresses
-//     are unknown; ClusterSync says so.
+//   - Until the first full list of pods, Services, EndpointSlices and
+//     Nodes is in the fence, no pod is mapped: the watch starts by
+//     clearing the remote pods an earlier agent left (an address may have
+//     been reused while no agent watched). An address the fence does not
+//     know is dropped for every tier (netpol rule 14). While the API
+//     server is lost, the entries stay as last seen (existing flows keep
+//     their verdicts) and new addresses are unknown; ClusterSync says so.
 //
 // Every event marks the view dirty; one loop recomputes the wanted set from
 // the informers' stores and writes the difference (UpsertRemote,
 // DeleteRemote), and rewrites the whole set (SetRemote) after the first
-// sync, every clusterResync and when the policy changes.
+// sync, every clusterResync and when the policy changes. The node
+// addresses are written whole (SetRemoteNodes) on each full pass and
+// whenever they change.
 
 // clusterResync is how often the whole set is written again: it repairs an
 // entry a pod of this node took over and then left (netpol: a local pod
@@ -99,6 +115,7 @@ type remoteFence interface {
 	SetRemote(ctx context.Context, pods []netpol.RemotePod) error
 	UpsertRemote(ctx context.Context, pod netpol.RemotePod) error
 	DeleteRemote(ctx context.Context, addr netip.Addr) error
+	SetRemoteNodes(ctx context.Context, addrs []netip.Addr) error
 }
 
 // tenantResolver maps namespaces to tenants: *policy.NamespaceTenants.
@@ -107,19 +124,19 @@ type tenantResolver interface {
 	Refresh() bool
 }
 
-// ClusterSync is what the agent knows of the other nodes' pods (the node
-// status reports it).
+// ClusterSync is what the agent knows of the other nodes and their pods
+// (the node status reports it).
 type ClusterSync = node.ClusterSync
 
-// clusterWatch keeps the fence's remote pods from informers on Pods,
-// Services and EndpointSlices.
+// clusterWatch keeps the fence's remote pods and other nodes' addresses
+// from informers on Pods, Services, EndpointSlices and Nodes.
 type clusterWatch struct {
 	node    string
 	fence   remoteFence
 	tenants tenantResolver
-	// pods, services and slices are the informers; every event of each
-	// marks the view dirty.
-	pods, services, slices cache.SharedIndexInformer
+	// pods, services, slices and nodes are the informers; every event of
+	// each marks the view dirty.
+	pods, services, slices, nodes cache.SharedIndexInformer
 	// dirty asks the loop for a pass; it holds at most one request.
 	dirty chan struct{}
 
@@ -127,7 +144,11 @@ type clusterWatch struct {
 	mu sync.Mutex
 	// applied is what this watch last wrote to the fence, by address.
 	applied map[netip.Addr]netpol.RemotePod
-	synced  bool
+	// appliedNodes is the set of other nodes' addresses this watch last
+	// wrote to the fence, ordered; nodesApplied says it did once.
+	appliedNodes []netip.Addr
+	nodesApplied bool
+	synced       bool
 	// answered holds, per resource watched, whether the API server's
 	// last answer about it was a success; connected means all of them.
 	answered    map[string]bool
@@ -141,12 +162,13 @@ const (
 	resPods           = "pods"
 	resServices       = "services"
 	resEndpointSlices = "endpointslices"
+	resNodes          = "nodes"
 )
 
-var watched = []string{resPods, resServices, resEndpointSlices}
+var watched = []string{resPods, resServices, resEndpointSlices, resNodes}
 
-// newClusterWatch watches client's pods, Services and EndpointSlices for
-// the fence of node.
+// newClusterWatch watches client's pods, Services, EndpointSlices and
+// Nodes for the fence of node.
 func newClusterWatch(client kubernetes.Interface, node string, fence remoteFence, tenants tenantResolver) *clusterWatch {
 	w := &clusterWatch{node: node, fence: fence, tenants: tenants, dirty: make(chan struct{}, 1), applied: map[netip.Addr]netpol.RemotePod{}, answered: map[string]bool{}}
 	podSel := fields.OneTermEqualSelector("spec.hostNetwork", "false").String()
@@ -170,6 +192,10 @@ func newClusterWatch(client kubernetes.Interface, node string, fence remoteFence
 	w.slices = w.informer(client, &discoveryv1.EndpointSlice{}, resEndpointSlices,
 		func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) { return eps.List(ctx, o) },
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return eps.Watch(ctx, o) })
+	nodes := client.CoreV1().Nodes()
+	w.nodes = w.informer(client, &corev1.Node{}, resNodes,
+		func(ctx context.Context, o metav1.ListOptions) (kruntime.Object, error) { return nodes.List(ctx, o) },
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return nodes.Watch(ctx, o) })
 	return w
 }
 
@@ -280,8 +306,8 @@ func (w *clusterWatch) contact(what string, err error) {
 	w.lastErr = err
 }
 
-// Synced reports whether the first full list of pods, Services and
-// EndpointSlices is in the fence.
+// Synced reports whether the first full list of pods, Services,
+// EndpointSlices and Nodes is in the fence.
 func (w *clusterWatch) Synced() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -303,7 +329,7 @@ func (w *clusterWatch) status() ClusterSync {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := ClusterSync{Watching: true, Synced: w.synced, Connected: w.connected(), LastContact: w.lastContact,
-		LastApplied: w.lastApplied, RemoteAddresses: len(w.applied)}
+		LastApplied: w.lastApplied, RemoteAddresses: len(w.applied), RemoteNodes: len(w.appliedNodes)}
 	if w.lastErr != nil {
 		s.LastError = w.lastErr.Error()
 	}
@@ -314,6 +340,7 @@ func (w *clusterWatch) status() ClusterSync {
 func (w *clusterWatch) run(ctx context.Context) {
 	// Entries an earlier agent left may name an address reused since:
 	// none is trusted until this watch has listed the pods and Services.
+	// Its node addresses stay: a stale one only drops more.
 	for {
 		err := w.fence.SetRemote(ctx, nil)
 		if err == nil {
@@ -326,10 +353,10 @@ func (w *clusterWatch) run(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
-	for _, inf := range []cache.SharedIndexInformer{w.pods, w.services, w.slices} {
+	for _, inf := range []cache.SharedIndexInformer{w.pods, w.services, w.slices, w.nodes} {
 		go inf.RunWithContext(ctx)
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), w.pods.HasSynced, w.services.HasSynced, w.slices.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), w.pods.HasSynced, w.services.HasSynced, w.slices.HasSynced, w.nodes.HasSynced) {
 		return
 	}
 	w.tenants.Refresh()
@@ -364,7 +391,7 @@ func (w *clusterWatch) run(ctx context.Context) {
 }
 
 func (w *clusterWatch) failed(ctx context.Context, err error) {
-	log.G(ctx).WithError(err).Warn("cluster watch: the fence's remote pods")
+	log.G(ctx).WithError(err).Warn("cluster watch: the fence's remote pods and nodes")
 	w.mu.Lock()
 	w.lastErr = err
 	w.mu.Unlock()
@@ -373,10 +400,15 @@ func (w *clusterWatch) failed(ctx context.Context, err error) {
 // apply writes the informer's view to the fence: all of it when full, else
 // what changed since the last pass. An address the fence refuses
 // (netpol.ErrAddressHeld: a pod of this node has it) counts as applied and
-// is tried again at the next full pass.
+// is tried again at the next full pass. The node addresses go first, whole,
+// when full or changed.
 func (w *clusterWatch) apply(ctx context.Context, full bool) error {
-	want, err := w.wanted(ctx)
 	var errs []error
+	nodesErr := w.applyNodes(ctx, full)
+	if nodesErr != nil {
+		errs = append(errs, nodesErr)
+	}
+	want, err := w.wanted(ctx)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -424,12 +456,68 @@ func (w *clusterWatch) apply(ctx context.Context, full bool) error {
 	w.applied = applied
 	// Synced once a full pass is in the fence: a pod whose tenant could not
 	// be resolved is unknown there (fail closed) and named in the error.
-	w.synced = w.synced || full
+	w.synced = w.synced || (full && nodesErr == nil)
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
 	w.lastApplied = time.Now()
 	return nil
+}
+
+// applyNodes writes the other nodes' addresses to the fence when full, when
+// they changed since the last write, or when no write succeeded yet.
+func (w *clusterWatch) applyNodes(ctx context.Context, full bool) error {
+	want := w.wantedNodes()
+	w.mu.Lock()
+	same := w.nodesApplied && slices.Equal(want, w.appliedNodes)
+	w.mu.Unlock()
+	if same && !full {
+		return nil
+	}
+	if err := w.fence.SetRemoteNodes(ctx, want); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.appliedNodes, w.nodesApplied = want, true
+	return nil
+}
+
+// wantedNodes are the addresses of every node but this one that the
+// informer's store describes, ordered, each once.
+func (w *clusterWatch) wantedNodes() []netip.Addr {
+	var out []netip.Addr
+	for _, obj := range w.nodes.GetStore().List() {
+		n, ok := obj.(*corev1.Node)
+		if !ok || n.Name == w.node {
+			continue
+		}
+		out = append(out, nodeAddrs(n)...)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// nodeAddrs are the node's InternalIP and ExternalIP addresses, both
+// families, each once; an address that cannot be another node's
+// (loopback, link-local, multicast, unspecified) is left out.
+func nodeAddrs(n *corev1.Node) []netip.Addr {
+	var out []netip.Addr
+	for _, na := range n.Status.Addresses {
+		if na.Type != corev1.NodeInternalIP && na.Type != corev1.NodeExternalIP {
+			continue
+		}
+		a, err := netip.ParseAddr(na.Address)
+		if err != nil {
+			continue
+		}
+		a = a.Unmap().WithZone("")
+		if !a.IsGlobalUnicast() || slices.Contains(out, a) {
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // wanted is the set of remote pods and owned ClusterIPs the informers'

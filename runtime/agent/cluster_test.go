@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,13 +27,14 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/netpol"
 )
 
-// recordingFence is the remote-pod part of a fence, in memory: what a
-// netpol.Manager would hold after the same calls. held addresses are
-// refused as a pod of this node's (netpol.ErrAddressHeld).
+// recordingFence is the remote-pod and remote-node part of a fence, in
+// memory: what a netpol.Manager would hold after the same calls. held
+// addresses are refused as a pod of this node's (netpol.ErrAddressHeld).
 type recordingFence struct {
 	mu    sync.Mutex
 	pods  map[netip.Addr]string
 	held  map[netip.Addr]bool
+	nodes []netip.Addr
 	calls int
 }
 
@@ -73,6 +75,20 @@ func (f *recordingFence) DeleteRemote(_ context.Context, a netip.Addr) error {
 	f.calls++
 	delete(f.pods, a)
 	return nil
+}
+
+func (f *recordingFence) SetRemoteNodes(_ context.Context, addrs []netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.nodes = slices.Clone(addrs)
+	return nil
+}
+
+func (f *recordingFence) nodeView() []netip.Addr {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.nodes)
 }
 
 func (f *recordingFence) view() map[netip.Addr]string {
@@ -316,7 +332,8 @@ func TestClusterWatchUnsynced(t *testing.T) {
 		return false, nil, nil
 	})
 	f := newRecordingFence()
-	f.pods[netip.MustParseAddr("10.1.0.1")] = "blue" // stale: the address was reused
+	f.pods[netip.MustParseAddr("10.1.0.1")] = "blue"           // stale: the address was reused
+	f.nodes = []netip.Addr{netip.MustParseAddr("192.168.0.9")} // an earlier agent's: kept, it only drops more
 	w := newClusterWatch(client, thisNode, f, &fakeTenants{tenants: map[string]string{"red": "red"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -333,6 +350,9 @@ func TestClusterWatchUnsynced(t *testing.T) {
 	if got := f.view(); len(got) != 0 {
 		t.Errorf("before the first sync the fence holds %v, want nothing", got)
 	}
+	if got := f.nodeView(); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("192.168.0.9")}) {
+		t.Errorf("before the first sync the fence's node addresses are %v, want the earlier agent's kept", got)
+	}
 
 	failing.Store(false)
 	want := fence{"10.1.0.1": "red"}.addrs()
@@ -342,6 +362,9 @@ func TestClusterWatchUnsynced(t *testing.T) {
 	}
 	if got := f.view(); !maps.Equal(got, want) || !w.Synced() || !w.status().Connected {
 		t.Errorf("after the API server returned: fence %v (want %v), status %+v", got, want, w.status())
+	}
+	if got := f.nodeView(); len(got) != 0 {
+		t.Errorf("after the first sync with no other node the fence's node addresses are %v, want none", got)
 	}
 }
 
@@ -377,7 +400,7 @@ func TestOwner(t *testing.T) {
 }
 
 // The watch keeps a real fence: netpol.Manager on a private bpffs, with a
-// pod of another node and a ClusterIP it backs.
+// pod of another node, a ClusterIP it backs and another node's addresses.
 func TestClusterWatchNetpol(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_BPF, CAP_SYS_ADMIN) to mount a bpffs and load the fence")
@@ -400,8 +423,14 @@ func TestClusterWatchNetpol(t *testing.T) {
 		t.Fatal(err) // an earlier agent's entry, for an address since reused
 	}
 
+	if err := m.SetRemoteNodes(ctx, addrList("192.168.0.9")); err != nil {
+		t.Fatal(err) // an earlier agent's: a node since gone
+	}
+
 	client := fake.NewClientset(testPod("red", "a1", "node-b", "10.1.0.1", "fd01::1"),
-		testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.1"))
+		testService("red", "web", "10.96.0.10"), testSlice("red", "web-1", "web", "10.1.0.1"),
+		testNode(thisNode, "InternalIP=192.168.0.1"),
+		testNode("node-b", "InternalIP=192.168.0.2", "InternalIP=fd00:1::2", "ExternalIP=203.0.113.2"))
 	watching := make(chan struct{})
 	var once sync.Once
 	client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
@@ -430,6 +459,37 @@ func TestClusterWatchNetpol(t *testing.T) {
 	}
 	if got := remotes(); !slices.Equal(got, want) || !w.Synced() {
 		t.Fatalf("fence holds %+v (synced %v), want %+v", got, w.Synced(), want)
+	}
+	remoteNodes := func() []netip.Addr {
+		got, err := m.RemoteNodes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	wantNodes := addrList("192.168.0.2", "203.0.113.2", "fd00:1::2")
+	if got := remoteNodes(); !slices.Equal(got, wantNodes) {
+		t.Errorf("the fence's node addresses are %v, want node-b's %v", got, wantNodes)
+	}
+	// A restarted agent reconfiguring the node keeps them in the cluster.
+	again, err := netpol.Open(ctx, netpol.Options{PinDir: filepath.Join(pin, "bulkhead"), LockPath: filepath.Join(dir, "netpol.lock"),
+		Cluster: &netpol.ClusterConfig{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again.Close()
+	if got := remoteNodes(); !slices.Equal(got, wantNodes) {
+		t.Errorf("after Open with a ClusterConfig the fence's node addresses are %v, want %v", got, wantNodes)
+	}
+	if err := client.CoreV1().Nodes().Delete(ctx, "node-b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for len(remoteNodes()) != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := remoteNodes(); len(got) != 0 {
+		t.Errorf("after node-b left the fence's node addresses are %v", got)
 	}
 	if err := client.CoreV1().Pods("red").Delete(ctx, "a1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -475,7 +535,7 @@ func testSlice(ns, name, service string, addrs ...string) *discoveryv1.EndpointS
 func startWatch(t *testing.T, client *fake.Clientset, f remoteFence, tenants tenantResolver) *clusterWatch {
 	t.Helper()
 	var watching sync.WaitGroup
-	for _, res := range []string{"pods", "services", "endpointslices"} {
+	for _, res := range []string{"pods", "services", "endpointslices", "nodes"} {
 		watching.Add(1)
 		var once sync.Once
 		client.PrependWatchReactor(res, func(k8stesting.Action) (bool, watch.Interface, error) {
@@ -492,7 +552,7 @@ func startWatch(t *testing.T, client *fake.Clientset, f remoteFence, tenants ten
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the informers never watched pods, services and endpointslices")
+		t.Fatal("the informers never watched pods, services, endpointslices and nodes")
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for !w.Synced() && time.Now().Before(deadline) {
@@ -740,5 +800,156 @@ func TestClusterWatchServiceChanges(t *testing.T) {
 		if got := f.view(); !maps.Equal(got, want) {
 			t.Fatalf("%s: fence holds %v, want %v", s.name, got, want)
 		}
+	}
+}
+
+// testNode is a node with the given addresses, "type=address" each
+// (InternalIP, ExternalIP, Hostname, InternalDNS).
+func testNode(name string, addrs ...string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-node-" + name)}}
+	for _, a := range addrs {
+		typ, addr, _ := strings.Cut(a, "=")
+		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeAddressType(typ), Address: addr})
+	}
+	return n
+}
+
+func addrList(ss ...string) []netip.Addr {
+	out := []netip.Addr{}
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+// The fence's node addresses follow the API server's other nodes, step by
+// step: InternalIP and ExternalIP, both families, never this node's.
+func TestClusterWatchNodes(t *testing.T) {
+	client := fake.NewClientset(
+		testNode(thisNode, "InternalIP=192.168.0.1", "InternalIP=fd00:1::1"),
+		testNode("node-b", "InternalIP=192.168.0.2", "ExternalIP=203.0.113.2", "InternalIP=fd00:1::2",
+			"Hostname=node-b", "InternalDNS=node-b.internal"),
+	)
+	f := newRecordingFence()
+	w := startWatch(t, client, f, &fakeTenants{tenants: map[string]string{}})
+	ctx := t.Context()
+	nodes := client.CoreV1().Nodes()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	create := func(n *corev1.Node) { _, err := nodes.Create(ctx, n, metav1.CreateOptions{}); must(err) }
+	update := func(n *corev1.Node) { _, err := nodes.Update(ctx, n, metav1.UpdateOptions{}); must(err) }
+
+	steps := []struct {
+		name string
+		do   func()
+		want []netip.Addr
+	}{
+		{
+			name: "first sync: the other node's InternalIP and ExternalIP, both families, not this node's",
+			do:   func() {},
+			want: addrList("192.168.0.2", "203.0.113.2", "fd00:1::2"),
+		},
+		{
+			name: "a node joins",
+			do:   func() { create(testNode("node-c", "InternalIP=192.168.0.3", "InternalIP=fd00:1::3")) },
+			want: addrList("192.168.0.2", "192.168.0.3", "203.0.113.2", "fd00:1::2", "fd00:1::3"),
+		},
+		{
+			name: "a node's address changes",
+			do:   func() { update(testNode("node-c", "InternalIP=192.168.0.4", "InternalIP=fd00:1::3")) },
+			want: addrList("192.168.0.2", "192.168.0.4", "203.0.113.2", "fd00:1::2", "fd00:1::3"),
+		},
+		{
+			name: "an address two nodes report is listed once",
+			do:   func() { create(testNode("node-d", "ExternalIP=203.0.113.2")) },
+			want: addrList("192.168.0.2", "192.168.0.4", "203.0.113.2", "fd00:1::2", "fd00:1::3"),
+		},
+		{
+			name: "a node leaves: the address another node still reports stays",
+			do:   func() { must(nodes.Delete(ctx, "node-b", metav1.DeleteOptions{})) },
+			want: addrList("192.168.0.4", "203.0.113.2", "fd00:1::3"),
+		},
+		{
+			name: "this node's addresses change: nothing to learn",
+			do:   func() { update(testNode(thisNode, "InternalIP=192.168.0.11", "ExternalIP=203.0.113.11")) },
+			want: addrList("192.168.0.4", "203.0.113.2", "fd00:1::3"),
+		},
+		{
+			name: "loopback, link-local and unparsable addresses are skipped",
+			do: func() {
+				update(testNode("node-d", "ExternalIP=203.0.113.2", "InternalIP=127.0.0.1", "InternalIP=fe80::1",
+					"InternalIP=169.254.0.5", "InternalIP=not-an-ip", "InternalIP=::ffff:192.168.0.5"))
+			},
+			want: addrList("192.168.0.4", "192.168.0.5", "203.0.113.2", "fd00:1::3"),
+		},
+		{
+			name: "every other node gone: none",
+			do: func() {
+				must(nodes.Delete(ctx, "node-c", metav1.DeleteOptions{}))
+				must(nodes.Delete(ctx, "node-d", metav1.DeleteOptions{}))
+			},
+			want: addrList(),
+		},
+	}
+	for _, s := range steps {
+		s.do()
+		deadline := time.Now().Add(5 * time.Second)
+		for !slices.Equal(f.nodeView(), s.want) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := f.nodeView(); !slices.Equal(got, s.want) {
+			t.Fatalf("%s: fence's node addresses %v, want %v", s.name, got, s.want)
+		}
+		deadline = time.Now().Add(5 * time.Second)
+		for w.status().RemoteNodes != len(s.want) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if st := w.status(); st.RemoteNodes != len(s.want) {
+			t.Errorf("%s: status RemoteNodes %d, want %d", s.name, st.RemoteNodes, len(s.want))
+		}
+	}
+}
+
+// Until the node informer has listed the nodes the watch is not synced,
+// and it writes no node address: an earlier agent's stay.
+func TestClusterWatchNodesUnsynced(t *testing.T) {
+	client := fake.NewClientset(testNode("node-b", "InternalIP=192.168.0.2"))
+	failing := atomic.Bool{}
+	failing.Store(true)
+	client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, kruntime.Object, error) {
+		if failing.Load() {
+			return true, nil, fmt.Errorf("nodes is forbidden")
+		}
+		return false, nil, nil
+	})
+	f := newRecordingFence()
+	earlier := addrList("192.168.0.9")
+	f.nodes = earlier
+	w := newClusterWatch(client, thisNode, f, &fakeTenants{tenants: map[string]string{}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.run(ctx)
+	deadline := time.Now().Add(5 * time.Second)
+	for w.status().LastError == "" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := w.status(); st.Synced || st.Connected || !strings.Contains(st.LastError, "nodes") {
+		t.Errorf("nodes unlisted: status %+v, want not synced, not connected, an error about nodes", st)
+	}
+	if got := f.nodeView(); !slices.Equal(got, earlier) {
+		t.Errorf("before the first sync the fence's node addresses are %v, want the earlier agent's %v", got, earlier)
+	}
+	failing.Store(false)
+	want := addrList("192.168.0.2")
+	deadline = time.Now().Add(10 * time.Second)
+	for !slices.Equal(f.nodeView(), want) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := f.nodeView(); !slices.Equal(got, want) || !w.Synced() {
+		t.Errorf("after the nodes were listed: %v (want %v), synced %v", got, want, w.Synced())
 	}
 }

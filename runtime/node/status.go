@@ -72,14 +72,16 @@ type AgentStatus struct {
 }
 
 // ClusterSync is what the node agent knows of the other nodes' pods, whose
-// addresses the fence maps to their tenants.
+// addresses the fence maps to their tenants, and of the other nodes, whose
+// addresses it keeps in the cluster.
 type ClusterSync struct {
 	// Watching: the agent reaches an API server and has a fence to keep.
 	// When false, the fence knows no pod of another node: each is an
 	// unknown cluster address.
 	Watching bool `json:"watching"`
-	// Synced: the first full list of pods is in the fence. Until then every
-	// other node's pod is an unknown cluster address.
+	// Synced: the first full list of pods and nodes is in the fence. Until
+	// then every other node's pod is an unknown cluster address, and the
+	// other nodes' addresses are as an earlier agent left them.
 	Synced bool `json:"synced"`
 	// Connected: the last list or watch of the API server succeeded. When
 	// false, the fence keeps the pods as last seen and knows no new one.
@@ -91,6 +93,9 @@ type ClusterSync struct {
 	LastApplied time.Time `json:"last_applied,omitzero"`
 	// RemoteAddresses is how many addresses of other nodes' pods the fence holds.
 	RemoteAddresses int `json:"remote_addresses"`
+	// RemoteNodes is how many addresses of other nodes (InternalIP,
+	// ExternalIP) the fence holds in the cluster, owned by no tenant.
+	RemoteNodes int `json:"remote_nodes"`
 	// LastError is the last failure of the watch or of writing the fence.
 	LastError string `json:"last_error,omitempty"`
 }
