@@ -106,7 +106,9 @@ func (n *Node) GCExcept(ctx context.Context, creating func(id string) bool) (GCR
 	var errs []error
 	for _, r := range reservations {
 		pids[r.SandboxID] = r.ShimPID
-		if SandboxAlive(n.cfg, r.SandboxID, r.ShimPID) {
+		// A claim's reservation is the kubelet's to end (unprepare), not
+		// a shim's: no process of the node says whether it still lives.
+		if r.Claim != nil || SandboxAlive(n.cfg, r.SandboxID, r.ShimPID) {
 			continue
 		}
 		if err := n.Release(ctx, r.SandboxID); err != nil {

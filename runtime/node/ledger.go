@@ -39,6 +39,11 @@ type Reservation struct {
 	Instance *mig.Instance `json:"instance,omitempty"`
 	// Endpoint is the host-side interface registered in the eBPF fence.
 	Endpoint *FenceRecord `json:"endpoint,omitempty"`
+	// Claim is set when the reservation holds a DRA ResourceClaim's device
+	// rather than a sandbox's: SandboxID is then the claim's UID. A claim
+	// lives until the kubelet unprepares it, not while a shim runs, and it
+	// is no sandbox of its tenant (the pods that use it have their own).
+	Claim *ClaimRecord `json:"claim,omitempty"`
 	// ShimPID is the shim that made the reservation.
 	ShimPID   int       `json:"shim_pid"`
 	CreatedAt time.Time `json:"created_at"`
@@ -50,6 +55,16 @@ type FenceRecord struct {
 	Ifindex int      `json:"ifindex"`
 	Ifname  string   `json:"ifname"`
 	IPs     []string `json:"ips"`
+}
+
+// ClaimRecord names the ResourceClaim a reservation holds a device for.
+type ClaimRecord struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Device is the allocated device's name in the node's pool.
+	Device string `json:"device"`
+	// CDIDevice is the CDI device id returned to the kubelet, once written.
+	CDIDevice string `json:"cdi_device,omitempty"`
 }
 
 // GPUSlices is what the reservation charges against the GPU quota: compute
@@ -178,7 +193,8 @@ func (tx *LedgerTx) List() ([]*Reservation, error) {
 }
 
 // Usage sums a tenant's reservations (every state counts: a reserved
-// sandbox is about to exist).
+// sandbox is about to exist). A claim's reservation charges its GPU slices
+// and no sandbox: the pods that use the claim are charged their own.
 func (tx *LedgerTx) Usage(tenant string) (policy.Usage, error) {
 	all, err := tx.List()
 	if err != nil {
@@ -189,7 +205,9 @@ func (tx *LedgerTx) Usage(tenant string) (policy.Usage, error) {
 		if r.Tenant != tenant {
 			continue
 		}
-		u.Sandboxes++
+		if r.Claim == nil {
+			u.Sandboxes++
+		}
 		u.GPUSlices += r.GPUSlices()
 		u.MemoryBytes += r.MemoryBytes
 	}

@@ -1,0 +1,333 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/bulkhead-runtime/bulkhead/mig"
+	migdra "github.com/bulkhead-runtime/bulkhead/mig/dra"
+	"github.com/bulkhead-runtime/bulkhead/runtime"
+)
+
+// DefaultPollInterval is how often the plugin reads the GPUs for a change
+// of what it publishes when Options.PollInterval is 0.
+const DefaultPollInterval = 30 * time.Second
+
+// Options configure the plugin.
+type Options struct {
+	// Pipeline is the node's pipeline: its ledger, MIG backend and policy.
+	// Required, with a MIG backend.
+	Pipeline *runtime.Pipeline
+	// NodeName is this node's name: the pool the plugin publishes and the
+	// only one whose devices it prepares. Required.
+	NodeName string
+	// Client reaches the API server: the helper publishes ResourceSlices
+	// through it and the plugin reads the pods a claim is reserved for (for
+	// their runtime handler). Required.
+	Client kubernetes.Interface
+	// RegistrarDir is the kubelet's plugin registration directory
+	// (/var/lib/kubelet/plugins_registry). Required, absolute.
+	RegistrarDir string
+	// PluginDir is the plugin's own directory, where its dra.sock lives
+	// (/var/lib/kubelet/plugins/mig.bulkhead.dev). Required, absolute.
+	PluginDir string
+	// PollInterval is how often the GPUs are read for a change; 0 is
+	// DefaultPollInterval.
+	PollInterval time.Duration
+}
+
+func (o Options) validate() error {
+	var errs []error
+	if o.Pipeline == nil || o.Pipeline.Node().Backend() == nil {
+		errs = append(errs, errors.New("pipeline: must be set, with a MIG backend (mig.backend is none)"))
+	}
+	if o.NodeName == "" {
+		errs = append(errs, errors.New("node name: must be set"))
+	}
+	if o.Client == nil {
+		errs = append(errs, errors.New("client: must be set (the plugin publishes through the API server)"))
+	}
+	for _, d := range []struct{ name, path string }{{"registrar dir", o.RegistrarDir}, {"plugin dir", o.PluginDir}} {
+		if !filepath.IsAbs(d.path) {
+			errs = append(errs, fmt.Errorf("%s %q: must be an absolute path", d.name, d.path))
+		}
+	}
+	if o.PollInterval < 0 {
+		errs = append(errs, fmt.Errorf("poll interval %v: must not be negative", o.PollInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// Driver is the kubelet plugin: kubeletplugin.DRAPlugin over the node's
+// pipeline.
+type Driver struct {
+	opts Options
+	// helper is the kubelet plugin helper; nil until Start.
+	helper *kubeletplugin.Helper
+	// mu guards published.
+	mu sync.Mutex
+	// published are the GPUs the ResourceSlices were last built from.
+	published []mig.GPUInfo
+}
+
+var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+
+// New makes the plugin; Start serves it.
+func New(o Options) (*Driver, error) {
+	if err := o.validate(); err != nil {
+		return nil, fmt.Errorf("dra: %w", err)
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	return &Driver{opts: o}, nil
+}
+
+// Start registers the plugin with the kubelet, publishes the node's
+// ResourceSlices and keeps them current until ctx ends or Stop.
+func (d *Driver) Start(ctx context.Context) error {
+	h, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.DriverName(migdra.DriverName),
+		kubeletplugin.NodeName(d.opts.NodeName),
+		kubeletplugin.KubeClient(d.opts.Client),
+		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
+		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
+		// No device health: WatchHealthStatus says so, and the service is
+		// not advertised.
+		kubeletplugin.HealthService(false),
+	)
+	if err != nil {
+		return fmt.Errorf("dra: %w", err)
+	}
+	d.helper = h
+	if err := d.publish(ctx); err != nil {
+		h.Stop()
+		return err
+	}
+	go d.poll(ctx)
+	return nil
+}
+
+// Stop unregisters the plugin and stops publishing. The ResourceSlices
+// stay: the kubelet removes a node's slices when its plugin is gone for
+// long, and a restarted agent publishes the same ones.
+func (d *Driver) Stop() {
+	d.helper.Stop()
+}
+
+// Resources are the node's ResourceSlices for gpus: mig/dra's publication
+// in one pool named after the node, an empty slice when no GPU is in MIG
+// mode (an empty pool says the driver runs and has nothing to offer).
+func Resources(node string, gpus []mig.GPUInfo) (resourceslice.DriverResources, error) {
+	slices, err := migdra.Publish(gpus, migdra.Options{})
+	if err != nil {
+		return resourceslice.DriverResources{}, err
+	}
+	pool := resourceslice.Pool{}
+	for _, s := range slices {
+		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: s.Devices, SharedCounters: s.SharedCounters})
+	}
+	if len(pool.Slices) == 0 {
+		pool.Slices = []resourceslice.Slice{{}}
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: pool}}, nil
+}
+
+// publish publishes the slices of the GPUs the backend lists now, when
+// they differ from those last published.
+func (d *Driver) publish(ctx context.Context) error {
+	gpus, err := d.opts.Pipeline.Node().Backend().GPUs()
+	if err != nil {
+		return fmt.Errorf("dra: gpus: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.published != nil && reflect.DeepEqual(gpus, d.published) {
+		return nil
+	}
+	res, err := Resources(d.opts.NodeName, gpus)
+	if err != nil {
+		return fmt.Errorf("dra: %w", err)
+	}
+	if err := d.helper.PublishResources(ctx, res); err != nil {
+		return fmt.Errorf("dra: %w", err)
+	}
+	d.published = gpus
+	log.G(ctx).Infof("dra: published %d slice(s) of %d GPU(s) for node %s", len(res.Pools[d.opts.NodeName].Slices), len(gpus), d.opts.NodeName)
+	return nil
+}
+
+// poll republishes when the GPUs change, until ctx ends.
+func (d *Driver) poll(ctx context.Context) {
+	t := time.NewTicker(d.opts.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := d.publish(ctx); err != nil {
+				log.G(ctx).WithError(err).Warn("dra: republishing the node's GPUs")
+			}
+		}
+	}
+}
+
+// PrepareResourceClaims prepares each claim's device of this driver on
+// this node (runtime.Pipeline.PrepareClaim). A claim's refusal is its
+// own error; the others are prepared.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	gpus, err := d.opts.Pipeline.Node().Backend().GPUs()
+	if err != nil {
+		return nil, fmt.Errorf("dra: gpus: %w", err)
+	}
+	devices, err := publishedDevices(gpus)
+	if err != nil {
+		return nil, fmt.Errorf("dra: %w", err)
+	}
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, c := range claims {
+		out[c.UID] = d.prepare(ctx, c, devices)
+	}
+	return out, nil
+}
+
+// publishedDevices are the devices published for gpus, by name.
+func publishedDevices(gpus []mig.GPUInfo) (map[string]resourcev1.Device, error) {
+	slices, err := migdra.Publish(gpus, migdra.Options{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]resourcev1.Device{}
+	for _, s := range slices {
+		for _, dev := range s.Devices {
+			out[dev.Name] = dev
+		}
+	}
+	return out, nil
+}
+
+func (d *Driver) prepare(ctx context.Context, c *resourcev1.ResourceClaim, devices map[string]resourcev1.Device) kubeletplugin.PrepareResult {
+	fail := func(err error) kubeletplugin.PrepareResult {
+		return kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
+	}
+	if c.Status.Allocation == nil {
+		return fail(errors.New("not allocated"))
+	}
+	var mine []resourcev1.DeviceRequestAllocationResult
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver == migdra.DriverName && r.Pool == d.opts.NodeName {
+			mine = append(mine, r)
+		}
+	}
+	switch len(mine) {
+	case 0:
+		return kubeletplugin.PrepareResult{}
+	case 1:
+	default:
+		return fail(fmt.Errorf("%d devices of %s: a claim holds one MIG slice (a pod may list several claims)", len(mine), migdra.DriverName))
+	}
+	r := mine[0]
+	dev, ok := devices[r.Device]
+	if !ok {
+		return fail(fmt.Errorf("device %s: not a device this node publishes now (a GPU left or changed MIG mode?)", r.Device))
+	}
+	part, err := migdra.PartitionOf(dev)
+	if err != nil {
+		return fail(err)
+	}
+	pod, handler, err := d.consumer(ctx, c)
+	if err != nil {
+		return fail(err)
+	}
+	id, err := d.opts.Pipeline.PrepareClaim(ctx, runtime.Claim{
+		UID: string(c.UID), Namespace: c.Namespace, Name: c.Name, Pod: pod, Handler: handler,
+		Device: r.Device, GPU: part.GPU, Profile: part.Profile, Start: part.Start,
+	})
+	if err != nil {
+		var refused *runtime.RefusedError
+		if errors.As(err, &refused) {
+			return kubeletplugin.PrepareResult{Err: err}
+		}
+		return fail(err)
+	}
+	return kubeletplugin.PrepareResult{Devices: []kubeletplugin.Device{{
+		Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{id},
+	}}}
+}
+
+// consumer is the first pod the claim is reserved for and its runtime
+// handler ("" when it names no RuntimeClass): the policy judges the
+// claim for the runtime that pod runs under. A claim reserved for no pod
+// is judged without one.
+func (d *Driver) consumer(ctx context.Context, c *resourcev1.ResourceClaim) (pod, handler string, err error) {
+	for _, ref := range c.Status.ReservedFor {
+		if ref.APIGroup != "" || ref.Resource != "pods" {
+			continue
+		}
+		p, err := d.opts.Client.CoreV1().Pods(c.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err != nil {
+			return "", "", fmt.Errorf("pod %s/%s the claim is reserved for: %w", c.Namespace, ref.Name, err)
+		}
+		if p.UID != ref.UID {
+			return "", "", fmt.Errorf("pod %s/%s: uid %s, the claim is reserved for %s", c.Namespace, ref.Name, p.UID, ref.UID)
+		}
+		if p.Spec.RuntimeClassName == nil || *p.Spec.RuntimeClassName == "" {
+			return ref.Name, "", nil
+		}
+		rc, err := d.opts.Client.NodeV1().RuntimeClasses().Get(ctx, *p.Spec.RuntimeClassName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return "", "", fmt.Errorf("pod %s/%s: RuntimeClass %q does not exist", c.Namespace, ref.Name, *p.Spec.RuntimeClassName)
+		}
+		if err != nil {
+			return "", "", fmt.Errorf("pod %s/%s: RuntimeClass %q: %w", c.Namespace, ref.Name, *p.Spec.RuntimeClassName, err)
+		}
+		return ref.Name, rc.Handler, nil
+	}
+	return "", "", nil
+}
+
+// UnprepareResourceClaims releases each claim's device
+// (runtime.Pipeline.UnprepareClaim), from the ledger alone.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		if err := d.opts.Pipeline.UnprepareClaim(ctx, string(c.UID)); err != nil {
+			out[c.UID] = fmt.Errorf("claim %s: %w", c.NamespacedName, err)
+			continue
+		}
+		out[c.UID] = nil
+	}
+	return out, nil
+}
+
+// HandleError logs what the helper met in the background (publishing
+// ResourceSlices, its gRPC servers). None stops the agent: the shims'
+// pods do not depend on the plugin.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	entry := log.G(ctx).WithError(err)
+	if errors.Is(err, kubeletplugin.ErrRecoverable) {
+		entry.Warnf("dra: %s", msg)
+		return
+	}
+	entry.Errorf("dra: %s", msg)
+}
+
+// WatchHealthStatus reports no device health.
+func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}
