@@ -73,6 +73,8 @@ type Config struct {
 	Netpol NetpolConfig `toml:"netpol"`
 	// RDMA names each tenant's own RDMA virtual function devices.
 	RDMA RDMAConfig `toml:"rdma"`
+	// DRA is the kubelet plugin the agent hosts (driver mig.bulkhead.dev).
+	DRA DRAConfig `toml:"dra"`
 	// Debug turns on debug logging in the shim and runsc.
 	Debug bool `toml:"debug"`
 	// LogDir, when set, receives runsc's debug logs (one directory per sandbox).
@@ -174,6 +176,24 @@ type MIGConfig struct {
 	CDISpecDir string `toml:"cdi_spec_dir"`
 }
 
+// DRAConfig switches the node agent's DRA kubelet plugin, which publishes
+// the node's MIG capacity as ResourceSlices and prepares the slices the
+// scheduler allocates (package runtime/dra).
+type DRAConfig struct {
+	// Enabled starts the plugin with the agent. It needs a MIG backend,
+	// mig.cdi_spec_dir (a claimed slice reaches its container through a
+	// CDI spec) and the API server (agent.kubeconfig, or the pod's service
+	// account); without the last the agent logs why and serves without it.
+	Enabled bool `toml:"enabled"`
+	// RegistrarDir is the kubelet's plugin registration directory, where
+	// the plugin's registration socket goes.
+	RegistrarDir string `toml:"registrar_dir"`
+	// PluginDir is the plugin's own directory, where the kubelet finds its
+	// dra.sock. Both paths must be the same inside and outside the agent's
+	// container.
+	PluginDir string `toml:"plugin_dir"`
+}
+
 // RDMAConfig names the RDMA devices each tenant owns. Hardware RDMA
 // bypasses every packet hook, so it is fenced by device access: a pod keeps
 // only its tenant's VF nodes, and only when the policy grants RDMA.
@@ -238,6 +258,7 @@ func Default() Config {
 		Pipeline:        PipelineConfig{Enabled: true},
 		MIG:             MIGConfig{Backend: "none", MockModel: "h200", MockGPUs: 1, MockState: "/var/lib/bulkhead/mock-gpus.json", CDISpecDir: DefaultCDISpecDir},
 		Netpol:          NetpolConfig{Enabled: true, PinDir: "/sys/fs/bpf/bulkhead", LockPath: "/run/bulkhead/netpol.lock"},
+		DRA:             DRAConfig{RegistrarDir: "/var/lib/kubelet/plugins_registry", PluginDir: "/var/lib/kubelet/plugins/mig.bulkhead.dev"},
 	}
 }
 
@@ -386,11 +407,33 @@ func (c Config) ValidateFor(use Use) error {
 	if c.MIG.CDISpecDir != "" && !filepath.IsAbs(c.MIG.CDISpecDir) {
 		return fmt.Errorf("mig.cdi_spec_dir: %q must be an absolute path (or \"\" to write no CDI specs)", c.MIG.CDISpecDir)
 	}
+	if err := c.DRA.validate(c.MIG); err != nil {
+		return err
+	}
 	if _, _, err := c.Netpol.ClusterPrefixes(); err != nil {
 		return err
 	}
 	if c.Netpol.Enabled && (c.Netpol.PinDir == "" || !filepath.IsAbs(c.Netpol.PinDir)) {
 		return fmt.Errorf("netpol.pin_dir: %q must be an absolute path on bpffs", c.Netpol.PinDir)
+	}
+	return nil
+}
+
+func (d DRAConfig) validate(m MIGConfig) error {
+	if !d.Enabled {
+		return nil
+	}
+	if m.Backend == "none" {
+		return errors.New("dra.enabled: true needs a MIG backend to publish and prepare slices (mig.backend is none)")
+	}
+	if m.CDISpecDir == "" {
+		return errors.New("dra.enabled: true needs mig.cdi_spec_dir: a claimed slice reaches its container only through a CDI spec")
+	}
+	if !filepath.IsAbs(d.RegistrarDir) {
+		return fmt.Errorf("dra.registrar_dir: %q must be an absolute path (the kubelet's plugins_registry)", d.RegistrarDir)
+	}
+	if !filepath.IsAbs(d.PluginDir) {
+		return fmt.Errorf("dra.plugin_dir: %q must be an absolute path", d.PluginDir)
 	}
 	return nil
 }

@@ -87,6 +87,21 @@ enabled = true
 		{name: "plan cache key under state_dir, unclean", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[policy]\nplan_cache_key = \"/var/../run//bulkhead/plan.key\"\n", wantErr: "lies under state_dir"},
 		{name: "default plan cache key under state_dir", doc: "ledger_path = \"/run/bulkhead/ledger.db\"\n[pipeline]\nenabled=false\nbenchmark_baseline=true\n", wantErr: "policy.plan_cache_key (unset: plan-cache.key beside ledger_path)"},
 		{name: "relative plan cache key", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[policy]\nplan_cache_key = \"plan.key\"\n", wantErr: `policy.plan_cache_key: "plan.key" must be an absolute path`},
+		{
+			name: "dra on a mock GPU node, kubelet's default directories",
+			doc:  "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[mig]\nbackend = \"mock\"\n[dra]\nenabled = true\n",
+			check: func(t *testing.T, c Config) {
+				if !c.DRA.Enabled || c.DRA.RegistrarDir != "/var/lib/kubelet/plugins_registry" || c.DRA.PluginDir != "/var/lib/kubelet/plugins/mig.bulkhead.dev" {
+					t.Errorf("dra %+v, want enabled with the kubelet's default directories", c.DRA)
+				}
+			},
+		},
+		{name: "dra without a MIG backend", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[dra]\nenabled = true\n", wantErr: "dra.enabled: true needs a MIG backend"},
+		{name: "dra without CDI specs", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[mig]\nbackend = \"nvml\"\ncdi_spec_dir = \"\"\n[dra]\nenabled = true\n", wantErr: "dra.enabled: true needs mig.cdi_spec_dir"},
+		{name: "dra relative plugin dir", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[mig]\nbackend = \"nvml\"\n[dra]\nenabled = true\nplugin_dir = \"plugins/x\"\n", wantErr: `dra.plugin_dir: "plugins/x" must be an absolute path`},
+		{name: "dra relative registrar dir", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[mig]\nbackend = \"nvml\"\n[dra]\nenabled = true\nregistrar_dir = \"\"\n", wantErr: `dra.registrar_dir: "" must be an absolute path`},
+		{name: "dra off ignores its directories", doc: "[pipeline]\nenabled=false\nbenchmark_baseline=true\n[dra]\nplugin_dir = \"x\"\n"},
+		{name: "unknown dra key", doc: "[dra]\nenable = true\n", wantErr: "unknown key(s) dra.enable"},
 		{name: "wrong type", doc: "debug = \"yes\"\n", wantErr: "line 1"},
 		{name: "not toml", doc: "[runsc\n", wantErr: "line"},
 	}
