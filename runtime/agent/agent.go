@@ -160,6 +160,8 @@ func (a *Agent) Serve(ctx context.Context, l net.Listener) error {
 	defer cancel()
 	go a.gcLoop(ctx)
 	a.startCluster(ctx)
+	stopDRA := a.startDRA(ctx)
+	defer stopDRA()
 	if addr := a.cfg.Agent.MetricsAddress; addr != "" {
 		go func() {
 			if err := a.metrics.Serve(ctx, addr); err != nil {
