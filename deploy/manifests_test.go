@@ -23,6 +23,7 @@ import (
 	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -260,7 +261,7 @@ func TestNamespacedObjectsLiveInBulkheadSystem(t *testing.T) {
 			t.Fatalf("%T has no metadata", o)
 		}
 		switch o.(type) {
-		case *corev1.Namespace, *nodev1.RuntimeClass, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *admissionregistrationv1.ValidatingWebhookConfiguration:
+		case *corev1.Namespace, *nodev1.RuntimeClass, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *admissionregistrationv1.ValidatingWebhookConfiguration, *resourcev1.DeviceClass:
 			if m.GetNamespace() != "" {
 				t.Errorf("cluster-scoped %T %s has namespace %q", o, m.GetName(), m.GetNamespace())
 			}
