@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"sync"
@@ -100,6 +101,16 @@ func New(o Options) (*Driver, error) {
 // Start registers the plugin with the kubelet, publishes the node's
 // ResourceSlices and keeps them current until ctx ends or Stop.
 func (d *Driver) Start(ctx context.Context) error {
+	// The kubelet makes its registration directory; the plugin's own is
+	// the plugin's to make.
+	if st, err := os.Stat(d.opts.RegistrarDir); err != nil {
+		return fmt.Errorf("dra: registrar dir (is the kubelet's plugins_registry mounted?): %w", err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("dra: registrar dir %s: not a directory", d.opts.RegistrarDir)
+	}
+	if err := os.MkdirAll(d.opts.PluginDir, 0o750); err != nil {
+		return fmt.Errorf("dra: plugin dir: %w", err)
+	}
 	h, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(migdra.DriverName),
 		kubeletplugin.NodeName(d.opts.NodeName),

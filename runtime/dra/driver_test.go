@@ -298,7 +298,7 @@ func TestPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	for _, sub := range []string{"reg", "plugin"} {
+	for _, sub := range []string{"reg"} {
 		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
 			t.Fatal(err)
 		}
