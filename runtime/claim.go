@@ -51,12 +51,25 @@ func (p *Pipeline) PrepareClaim(ctx context.Context, c Claim) (string, error) {
 	if p.node.Config().MIG.CDISpecDir == "" {
 		return "", fmt.Errorf("claim %s/%s: mig.cdi_spec_dir is empty: a claimed device reaches its container only through a CDI spec", c.Namespace, c.Name)
 	}
-	res, done, err := p.reserveClaim(ctx, c)
-	if err != nil || done {
-		if res != nil && res.Claim != nil {
-			return res.Claim.CDIDevice, err
-		}
+	res, err := p.reserveClaim(ctx, c)
+	if err != nil {
 		return "", err
+	}
+	// Prepared before: the instance and the spec may be gone since (the
+	// node rebooted: MIG instances and /var/run/cdi do not survive it,
+	// the ledger does). The ledger still holds the placement, so making
+	// them again takes nothing from anyone.
+	if res.Instance != nil {
+		if ok, err := p.instanceExists(*res.Instance); err != nil {
+			return "", fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
+		} else if !ok {
+			// Forget it first: its GI id may be another instance's now,
+			// which a release must not destroy.
+			res.Instance = nil
+			if err := p.node.Ledger().Update(func(tx *node.LedgerTx) error { return tx.Put(res) }); err != nil {
+				return "", err
+			}
+		}
 	}
 	id, err := p.createClaim(res)
 	if err != nil {
@@ -68,9 +81,9 @@ func (p *Pipeline) PrepareClaim(ctx context.Context, c Claim) (string, error) {
 	return id, nil
 }
 
-// reserveClaim judges and reserves c. done is true when c was prepared
-// already (res holds it).
-func (p *Pipeline) reserveClaim(ctx context.Context, c Claim) (res *node.Reservation, done bool, err error) {
+// reserveClaim judges and reserves c, or returns its reservation when c
+// was reserved before.
+func (p *Pipeline) reserveClaim(ctx context.Context, c Claim) (res *node.Reservation, err error) {
 	who := &node.Sandbox{Namespace: c.Namespace, Name: claimWho(c)}
 	refuse := func(d policy.Decision, rule, msg string) error {
 		return &RefusedError{Namespace: c.Namespace, Pod: who.Name, Tenant: d.Tenant, Revision: d.Revision, Reasons: []policy.Reason{{Rule: rule, Message: msg}}}
@@ -84,7 +97,7 @@ func (p *Pipeline) reserveClaim(ctx context.Context, c Claim) (res *node.Reserva
 			if old.Claim == nil || old.Claim.Device != c.Device {
 				return fmt.Errorf("claim %s/%s: ledger key %s already holds %s", c.Namespace, c.Name, c.UID, old.GPU)
 			}
-			res, done = old, old.Claim.CDIDevice != ""
+			res = old
 			return nil
 		}
 		alloc, err := p.allocator(tx)
@@ -150,9 +163,23 @@ func (p *Pipeline) reserveClaim(ctx context.Context, c Claim) (res *node.Reserva
 		return tx.Put(res)
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	return res, done, nil
+	return res, nil
+}
+
+// instanceExists reports whether the backend still has instance in.
+func (p *Pipeline) instanceExists(in mig.Instance) (bool, error) {
+	all, err := p.node.Backend().Instances()
+	if err != nil {
+		return false, fmt.Errorf("gpu: %w", err)
+	}
+	for _, o := range all {
+		if o.GPU == in.GPU && o.GI == in.GI && o.CI == in.CI && o.UUID == in.UUID {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // claimWho names a claim in a refusal's "pod" place: the pod it is for
@@ -164,8 +191,8 @@ func claimWho(c Claim) string {
 	return "(claim " + c.Name + ")"
 }
 
-// createClaim creates the reserved slice's MIG instance (unless a crashed
-// prepare did) and the claim's CDI spec, device named by the claim's UID so
+// createClaim creates the reserved slice's MIG instance (unless it exists)
+// and (again) writes the claim's CDI spec, device named by the claim's UID so
 // that a container runtime's cached spec of an earlier claim never
 // matches; each is in the ledger before anything refers to it.
 func (p *Pipeline) createClaim(res *node.Reservation) (string, error) {

@@ -381,3 +381,60 @@ func TestOptionsValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestPrepareAfterReboot: a node that rebooted keeps its ledger but loses
+// its MIG instances and its CDI specs (/var/run/cdi). The kubelet prepares
+// its claims again; each gets its slice back at the same placement and the
+// same CDI device.
+func TestPrepareAfterReboot(t *testing.T) {
+	for _, lost := range []struct {
+		name           string
+		instance, spec bool
+	}{
+		{"instance and spec", true, true},
+		{"instance", true, false},
+		{"spec", false, true},
+		{"nothing", false, false},
+	} {
+		t.Run(lost.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			p := openPipeline(t, cfg)
+			d := newDriver(t, p, testCluster(nil, map[string]string{"ml": "bulkhead-runc"}))
+			ctx := context.Background()
+			claim := claimOn("ml", "a", migdra.DeviceName(0, "2g.35gb", 2))
+			first, err := d.PrepareResourceClaims(ctx, []*resourcev1.ResourceClaim{claim})
+			if err != nil || first[claim.UID].Err != nil {
+				t.Fatalf("prepare: %v %v", err, first[claim.UID].Err)
+			}
+			h := nodeHolds(t, p)
+			in := h.instances[placementKey(0, "2g.35gb", 2)]
+			if lost.instance {
+				if err := p.Node().Backend().Destroy(in.GPU, in.GI, in.CI); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if lost.spec {
+				if err := inject.RemoveCDISpec(cfg.MIG.CDISpecDir, inject.CDIKind, string(claim.UID)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			again, err := d.PrepareResourceClaims(ctx, []*resourcev1.ResourceClaim{claim})
+			if err != nil || again[claim.UID].Err != nil {
+				t.Fatalf("prepare after reboot: %v %v", err, again[claim.UID].Err)
+			}
+			if got, want := again[claim.UID].Devices[0].CDIDeviceIDs, first[claim.UID].Devices[0].CDIDeviceIDs; got[0] != want[0] {
+				t.Errorf("CDI device %v, want %v as before", got, want)
+			}
+			h = nodeHolds(t, p)
+			now, ok := h.instances[placementKey(0, "2g.35gb", 2)]
+			res := h.reservations[string(claim.UID)]
+			if !ok || len(h.instances) != 1 || res == nil || res.Instance == nil || res.Instance.UUID != now.UUID {
+				t.Fatalf("instances %v, reservation %+v: want one instance at gpu0 2g.35gb@2, the one the ledger records", h.instances, res)
+			}
+			spec, err := os.ReadFile(filepath.Join(cfg.MIG.CDISpecDir, "bulkhead.dev-gpu_"+string(claim.UID)+".json"))
+			if err != nil || !strings.Contains(string(spec), now.UUID) {
+				t.Fatalf("CDI spec %s (%v), want it to name %s", spec, err, now.UUID)
+			}
+		})
+	}
+}
