@@ -22,11 +22,12 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/mig"
 	migdra "github.com/bulkhead-runtime/bulkhead/mig/dra"
 	"github.com/bulkhead-runtime/bulkhead/runtime"
+	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
-// DefaultPollInterval is how often the plugin reads the GPUs for a change
-// of what it publishes when Options.PollInterval is 0.
-const DefaultPollInterval = 30 * time.Second
+// DefaultPollInterval is how often the plugin reads the GPUs and the
+// ledger for a change of what it publishes when Options.PollInterval is 0.
+const DefaultPollInterval = 5 * time.Second
 
 // Options configure the plugin.
 type Options struct {
@@ -46,8 +47,8 @@ type Options struct {
 	// PluginDir is the plugin's own directory, where its dra.sock lives
 	// (/var/lib/kubelet/plugins/mig.bulkhead.dev). Required, absolute.
 	PluginDir string
-	// PollInterval is how often the GPUs are read for a change; 0 is
-	// DefaultPollInterval.
+	// PollInterval is how often the GPUs and the slices held outside DRA
+	// are read for a change; 0 is DefaultPollInterval.
 	PollInterval time.Duration
 }
 
@@ -81,8 +82,9 @@ type Driver struct {
 	helper *kubeletplugin.Helper
 	// mu guards published.
 	mu sync.Mutex
-	// published are the GPUs the ResourceSlices were last built from.
-	published []mig.GPUInfo
+	// published is what the ResourceSlices were last built from; nil
+	// before the first publication.
+	published *publication
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -140,17 +142,39 @@ func (d *Driver) Stop() {
 	d.helper.Stop()
 }
 
+// publication is what the node's ResourceSlices are built from.
+type publication struct {
+	gpus []mig.GPUInfo
+	// outside are the slices held outside DRA (the annotation path).
+	outside []mig.Placement
+}
+
 // Resources are the node's ResourceSlices for gpus: mig/dra's publication
-// in one pool named after the node, an empty slice when no GPU is in MIG
-// mode (an empty pool says the driver runs and has nothing to offer).
-func Resources(node string, gpus []mig.GPUInfo) (resourceslice.DriverResources, error) {
+// in one pool named after the node, less every device that overlaps a
+// slice held outside DRA (outside: pods that asked with the annotation),
+// so that the scheduler does not allocate what the node would refuse to
+// prepare. A GPU held whole outside DRA offers nothing. Slices keep their
+// places when devices leave them: the order across slices is the
+// placement policy. An empty pool still has one (empty) slice: it says
+// that the driver runs and has nothing to offer.
+func Resources(node string, gpus []mig.GPUInfo, outside []mig.Placement) (resourceslice.DriverResources, error) {
 	slices, err := migdra.Publish(gpus, migdra.Options{})
 	if err != nil {
 		return resourceslice.DriverResources{}, err
 	}
 	pool := resourceslice.Pool{}
 	for _, s := range slices {
-		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: s.Devices, SharedCounters: s.SharedCounters})
+		var devices []resourcev1.Device
+		for _, dev := range s.Devices {
+			part, err := migdra.PartitionOf(dev)
+			if err != nil {
+				return resourceslice.DriverResources{}, err
+			}
+			if !overlapsAny(part, outside) {
+				devices = append(devices, dev)
+			}
+		}
+		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: devices, SharedCounters: s.SharedCounters})
 	}
 	if len(pool.Slices) == 0 {
 		pool.Slices = []resourceslice.Slice{{}}
@@ -158,27 +182,64 @@ func Resources(node string, gpus []mig.GPUInfo) (resourceslice.DriverResources, 
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: pool}}, nil
 }
 
-// publish publishes the slices of the GPUs the backend lists now, when
-// they differ from those last published.
-func (d *Driver) publish(ctx context.Context) error {
+// overlapsAny reports whether part shares a memory slot with one of held
+// (a whole GPU holds them all).
+func overlapsAny(part migdra.Partition, held []mig.Placement) bool {
+	for _, h := range held {
+		if h.GPU != part.GPU {
+			continue
+		}
+		if h.Whole() || h.Start < part.Start+part.Size && part.Start < h.Start+h.Size {
+			return true
+		}
+	}
+	return false
+}
+
+// current reads what the slices are built from: the backend's GPUs and the
+// ledger's slices held outside DRA.
+func (d *Driver) current() (*publication, error) {
 	gpus, err := d.opts.Pipeline.Node().Backend().GPUs()
 	if err != nil {
-		return fmt.Errorf("dra: gpus: %w", err)
+		return nil, fmt.Errorf("dra: gpus: %w", err)
+	}
+	pub := &publication{gpus: gpus}
+	err = d.opts.Pipeline.Node().Ledger().View(func(tx *node.LedgerTx) error {
+		all, err := tx.List()
+		for _, r := range all {
+			if r.Claim == nil && r.GPU != nil {
+				pub.outside = append(pub.outside, *r.GPU)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dra: %w", err)
+	}
+	return pub, nil
+}
+
+// publish publishes the node's slices when what they are built from
+// changed since the last publication.
+func (d *Driver) publish(ctx context.Context) error {
+	pub, err := d.current()
+	if err != nil {
+		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.published != nil && reflect.DeepEqual(gpus, d.published) {
+	if d.published != nil && reflect.DeepEqual(pub, d.published) {
 		return nil
 	}
-	res, err := Resources(d.opts.NodeName, gpus)
+	res, err := Resources(d.opts.NodeName, pub.gpus, pub.outside)
 	if err != nil {
 		return fmt.Errorf("dra: %w", err)
 	}
 	if err := d.helper.PublishResources(ctx, res); err != nil {
 		return fmt.Errorf("dra: %w", err)
 	}
-	d.published = gpus
-	log.G(ctx).Infof("dra: published %d slice(s) of %d GPU(s) for node %s", len(res.Pools[d.opts.NodeName].Slices), len(gpus), d.opts.NodeName)
+	d.published = pub
+	log.G(ctx).Infof("dra: published %d slice(s) of %d GPU(s) for node %s, %d slice(s) held outside DRA withdrawn", len(res.Pools[d.opts.NodeName].Slices), len(pub.gpus), d.opts.NodeName, len(pub.outside))
 	return nil
 }
 

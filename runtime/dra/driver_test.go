@@ -356,6 +356,37 @@ func TestPublish(t *testing.T) {
 	if devices != wantDevices || counters != len(gpus) {
 		t.Errorf("published %d devices and %d counter sets, want %d and %d", devices, counters, wantDevices, len(gpus))
 	}
+
+	// A pod places a 7g.141gb on gpu1 through the annotation: the next
+	// publication offers nothing of gpu1.
+	if err := p.Node().Ledger().Update(func(tx *node.LedgerTx) error {
+		return tx.Put(&node.Reservation{SandboxID: "annotated", State: node.StateActive, Tenant: "ml", GPU: &mig.Placement{GPU: 1, Profile: "7g.141gb", Start: 0, Size: 8, Compute: 7, Tenant: "ml", Owner: "annotated"}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		got, err = c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		onGPU1 := 0
+		for _, s := range got.Items {
+			for _, dev := range s.Spec.Devices {
+				if strings.HasPrefix(dev.Name, "gpu1-") {
+					onGPU1++
+				}
+			}
+		}
+		if onGPU1 == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gpu1 still offers %d devices 20s after a pod took it whole outside DRA", onGPU1)
+		}
+	}
 }
 
 func TestOptionsValidate(t *testing.T) {
@@ -434,6 +465,73 @@ func TestPrepareAfterReboot(t *testing.T) {
 			spec, err := os.ReadFile(filepath.Join(cfg.MIG.CDISpecDir, "bulkhead.dev-gpu_"+string(claim.UID)+".json"))
 			if err != nil || !strings.Contains(string(spec), now.UUID) {
 				t.Fatalf("CDI spec %s (%v), want it to name %s", spec, err, now.UUID)
+			}
+		})
+	}
+}
+
+// TestResourcesWithdrawSlicesHeldOutsideDRA: a slice a pod holds through
+// the annotation is not offered to the scheduler, nor is anything that
+// overlaps it; the rest of the GPU and the counters stay.
+func TestResourcesWithdrawSlicesHeldOutsideDRA(t *testing.T) {
+	gpus := []mig.GPUInfo{
+		{Index: 0, UUID: "GPU-0", Model: "h200", MIGEnabled: true},
+		{Index: 1, UUID: "GPU-1", Model: "h200", MIGEnabled: true},
+	}
+	for _, tc := range []struct {
+		name            string
+		outside         []mig.Placement
+		offered, absent []string
+		gpu1Devices     int // -1: as many as gpu0 has with nothing held
+	}{
+		{name: "nothing held", offered: []string{"gpu0-3g-71gb-at4", "gpu0-1g-18gb-at6", "gpu1-7g-141gb-at0"}, gpu1Devices: -1},
+		{
+			name:        "a 3g.71gb at 4 on gpu0",
+			outside:     []mig.Placement{{GPU: 0, Profile: "3g.71gb", Start: 4, Size: 4, Compute: 3}},
+			offered:     []string{"gpu0-4g-71gb-at0", "gpu0-1g-18gb-at3", "gpu1-3g-71gb-at4"},
+			absent:      []string{"gpu0-3g-71gb-at4", "gpu0-1g-18gb-at6", "gpu0-2g-35gb-at4", "gpu0-7g-141gb-at0"},
+			gpu1Devices: -1,
+		},
+		{
+			name:        "gpu1 held whole",
+			outside:     []mig.Placement{{GPU: 1, Profile: "whole", Start: 0, Size: 8, Compute: 7}},
+			offered:     []string{"gpu0-7g-141gb-at0"},
+			absent:      []string{"gpu1-1g-18gb-at0"},
+			gpu1Devices: 0,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := Resources(testNode, gpus, tc.outside)
+			if err != nil {
+				t.Fatal(err)
+			}
+			names := map[string]bool{}
+			perGPU := map[string]int{}
+			counters := 0
+			for _, s := range res.Pools[testNode].Slices {
+				counters += len(s.SharedCounters)
+				for _, d := range s.Devices {
+					names[d.Name] = true
+					perGPU[strings.SplitN(d.Name, "-", 2)[0]]++
+				}
+			}
+			for _, n := range tc.offered {
+				if !names[n] {
+					t.Errorf("%s not offered", n)
+				}
+			}
+			for _, n := range tc.absent {
+				if names[n] {
+					t.Errorf("%s offered, though it overlaps a slice held outside DRA", n)
+				}
+			}
+			want := tc.gpu1Devices
+			if want < 0 {
+				all, _ := Resources(testNode, gpus[:1], nil)
+				want = len(all.Pools[testNode].Slices[1].Devices)
+			}
+			if perGPU["gpu1"] != want || counters != 2 {
+				t.Errorf("gpu1 offers %d devices, %d counter sets; want %d and 2", perGPU["gpu1"], counters, want)
 			}
 		})
 	}
