@@ -203,13 +203,14 @@ func (s nodeSource) MIGInstances() (map[int]int, error) {
 	return n, nil
 }
 
-// fenceSource reads the fence's drop counters at scrape time.
+// fenceSource reads the fence's drop counters at scrape time; the node
+// runs no fence when netpol.enabled is false.
 type fenceSource struct{ a *Agent }
 
 func (s fenceSource) Drops() ([]telemetry.FenceDrop, error) {
 	f := s.a.pipeline.Node().Fence()
 	if f == nil {
-		return nil, nil
+		return nil, telemetry.ErrNoFence
 	}
 	return telemetry.NetpolFence(f).Drops()
 }

@@ -20,8 +20,9 @@
 //     and Handler, Serve and ServeListener to serve it. A nil *Metrics
 //     records nothing.
 //   - FenceSource and NodeSource, read at scrape time: NetpolFence adapts a
-//     *netpol.Manager or *netpol.Reader; the agent implements NodeSource
-//     from its ledger.
+//     *netpol.Manager or *netpol.Reader (a node without a fence answers
+//     ErrNoFence, and bulkhead_node_fence_loaded is 0); the agent
+//     implements NodeSource from its ledger.
 //   - Events (NewEvents, NewEventsForClient): Refused records a Warning
 //     BulkheadRefused event on a Pod. A nil *Events, what NewEvents returns
 //     with no kubeconfig outside a cluster, records nothing.

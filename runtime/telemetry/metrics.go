@@ -35,8 +35,9 @@ var startBuckets = prometheus.ExponentialBucketsRange(0.0001, 5, 16)
 
 // Options configure NewMetrics.
 type Options struct {
-	// Fence, when not nil, is read at every scrape for
-	// bulkhead_node_fence_drops_total. Nil when the node runs no fence.
+	// Fence is read at every scrape for bulkhead_node_fence_loaded and
+	// bulkhead_node_fence_drops_total. Nil when the node runs no fence:
+	// fence_loaded is then 0.
 	Fence FenceSource
 	// Node, when not nil, is read at every scrape for
 	// bulkhead_node_quota_used and bulkhead_node_mig_instances.
@@ -63,7 +64,7 @@ type Metrics struct {
 }
 
 // NewMetrics registers the node's series, the collectors over opts.Fence
-// and opts.Node, and the Go and process collectors on a fresh registry.
+// (whether or not there is one) and opts.Node, and the Go and process collectors on a fresh registry.
 func NewMetrics(opts Options) *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
@@ -94,9 +95,7 @@ func NewMetrics(opts Options) *Metrics {
 	}
 	m.Registry.MustRegister(m.decisions, m.ruleHits, m.stages, m.starts, m.reloadFailures, m.bundle,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if opts.Fence != nil {
-		m.Registry.MustRegister(&fenceCollector{src: opts.Fence})
-	}
+	m.Registry.MustRegister(&fenceCollector{src: opts.Fence})
 	if opts.Node != nil {
 		m.Registry.MustRegister(&nodeCollector{src: opts.Node})
 	}

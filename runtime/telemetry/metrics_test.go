@@ -231,8 +231,8 @@ bulkhead_node_mig_instances{gpu="3"} 1
 
 	// Read at scrape time: a change shows at the next gather.
 	fence.drops[0].Packets = 9
-	if n := testutil.CollectAndCount(&fenceCollector{src: fence}); n != 3 {
-		t.Errorf("%d fence series, want 3", n)
+	if n := testutil.CollectAndCount(&fenceCollector{src: fence}, "bulkhead_node_fence_drops_total"); n != 3 {
+		t.Errorf("%d fence drop series, want 3", n)
 	}
 
 	// A source that fails makes the gather fail for its series only.
@@ -247,6 +247,47 @@ bulkhead_node_mig_instances{gpu="3"} 1
 	}
 	if got["bulkhead_node_quota_used"] || !got["bulkhead_node_mig_instances"] || !got["bulkhead_node_fence_drops_total"] {
 		t.Errorf("families with a failing quota read: %v", got)
+	}
+}
+
+// TestFenceLoaded: bulkhead_node_fence_loaded is 1 only while the fence's
+// counters read; a node without a fence says 0 and fails no scrape, a
+// fence whose maps do not read says 0 and fails its drop series.
+func TestFenceLoaded(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fence FenceSource
+		// loaded is the gauge; drops the number of drop series; failed
+		// whether the gather reports an error.
+		loaded float64
+		drops  int
+		failed bool
+	}{
+		{name: "loaded", fence: &fakeFence{drops: []FenceDrop{{Tenant: "acme", Reason: "tenant", Packets: 1}}}, loaded: 1, drops: 1},
+		{name: "loaded, no tenant yet", fence: &fakeFence{}, loaded: 1},
+		{name: "netpol disabled", fence: &fakeFence{err: ErrNoFence}, loaded: 0},
+		{name: "no source", fence: nil, loaded: 0},
+		{name: "maps unreadable", fence: &fakeFence{err: errors.New("map gone")}, loaded: 0, failed: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMetrics(Options{Fence: tc.fence})
+			mfs, err := m.Registry.Gather()
+			if (err != nil) != tc.failed {
+				t.Errorf("gather error %v, want failed=%v", err, tc.failed)
+			}
+			loaded, drops := -1.0, 0
+			for _, mf := range mfs {
+				switch mf.GetName() {
+				case "bulkhead_node_fence_loaded":
+					loaded = mf.GetMetric()[0].GetGauge().GetValue()
+				case "bulkhead_node_fence_drops_total":
+					drops = len(mf.GetMetric())
+				}
+			}
+			if loaded != tc.loaded || drops != tc.drops {
+				t.Errorf("fence_loaded %v with %d drop series, want %v with %d", loaded, drops, tc.loaded, tc.drops)
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"errors"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,8 +21,14 @@ type FenceDrop struct {
 
 // FenceSource reads the fence's drop counters at scrape time.
 type FenceSource interface {
+	// Drops reads the counters; ErrNoFence when the node runs no fence.
 	Drops() ([]FenceDrop, error)
 }
+
+// ErrNoFence is what a FenceSource returns, tested with errors.Is, when the
+// node runs no fence (netpol.enabled = false): bulkhead_node_fence_loaded
+// is then 0 and there are no drop counters to read.
+var ErrNoFence = errors.New("telemetry: the node runs no fence")
 
 // NetpolFence reads the drop counters of a *netpol.Manager (or a
 // *netpol.Reader) through its DropStats.
@@ -60,6 +67,9 @@ type NodeSource interface {
 }
 
 var (
+	fenceLoadedDesc = prometheus.NewDesc("bulkhead_node_fence_loaded",
+		"1 when the node's eBPF tenant fence is loaded and its maps answer at scrape time, 0 when the node runs no fence or its maps cannot be read.",
+		nil, nil)
 	fenceDropsDesc = prometheus.NewDesc("bulkhead_node_fence_drops_total",
 		"Packets the eBPF tenant fence dropped, by tenant and reason (netpol.Reason), read from the fence's counters at scrape time.",
 		[]string{"tenant", "reason"}, nil)
@@ -71,15 +81,31 @@ var (
 		[]string{"gpu"}, nil)
 )
 
-// fenceCollector reports the fence's counters; a failed read is an invalid
-// metric, so the scrape says so while the other series are still served.
+// fenceCollector reports whether the fence is loaded and its counters. A
+// failed read is an invalid metric, so the scrape says so while the other
+// series are still served, and the fence counts as not loaded. A nil src
+// is a node without a fence.
 type fenceCollector struct{ src FenceSource }
 
-func (c *fenceCollector) Describe(ch chan<- *prometheus.Desc) { ch <- fenceDropsDesc }
+func (c *fenceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- fenceLoadedDesc
+	ch <- fenceDropsDesc
+}
 
 func (c *fenceCollector) Collect(ch chan<- prometheus.Metric) {
-	drops, err := c.src.Drops()
+	drops, err := []FenceDrop(nil), ErrNoFence
+	if c.src != nil {
+		drops, err = c.src.Drops()
+	}
+	loaded := 1.0
 	if err != nil {
+		loaded = 0
+	}
+	ch <- prometheus.MustNewConstMetric(fenceLoadedDesc, prometheus.GaugeValue, loaded)
+	switch {
+	case errors.Is(err, ErrNoFence):
+		return
+	case err != nil:
 		ch <- prometheus.NewInvalidMetric(fenceDropsDesc, err)
 		return
 	}
