@@ -203,6 +203,10 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 	}
 	metrics := NewMetrics()
 	metrics.observeRevision(engine.Revision())
+	// The revision in force as soon as a reload activates it, not at the
+	// next decision: a quiet cluster would otherwise show the old one, and
+	// BulkheadBundleStale compares the nodes' revisions with it.
+	engine.OnReload(func(revision string, _ error) { metrics.observeRevision(revision) })
 	metrics.WatchCertificate(certs)
 	reviewOpts := Options{Decider: engine, Metrics: metrics}
 	ready := func() error { return nil }
