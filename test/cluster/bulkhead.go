@@ -440,17 +440,26 @@ func copyTree(src, dst string) error {
 // ShimConfig returns the [policy], [mig] and [netpol] TOML of a test
 // node's agent: the same signed bundle and key as the webhook's ConfigMap
 // (deploy/node/config.toml's [policy] names them under /etc/bulkhead), a
-// mock H200 for MIG slices (state in dir), and the eBPF fence pinned at
+// mock GPU node for MIG slices (state in dir), and the eBPF fence pinned at
 // pinDir. The fence's cluster is every node's pods (clusterCIDRs, not just
 // this node's subnet: another node's pod the agent has not learned is an
 // unknown cluster address, never the outside world) and the Services; the
 // shared service of every tier is the node's own bridge gateway (subnet's
 // and subnet6's first address).
-func (in *Install) ShimConfig(dir, subnet, subnet6, pinDir string, clusterCIDRs []string) string {
+//
+// gpus is the node's mock H200s; with none the node has no MIG backend. A
+// node with GPUs hosts the DRA kubelet plugin in its agent, registered in
+// kubeletRoot's plugins_registry.
+func (in *Install) ShimConfig(dir, subnet, subnet6, pinDir string, clusterCIDRs []string, gpus int, kubeletRoot string) string {
 	ip, _, _ := strings.Cut(subnet, "/")
 	shared := fmt.Sprintf("%q", strings.TrimSuffix(ip, ".0")+".1/32")
 	if subnet6 != "" {
 		shared += fmt.Sprintf(", %q", netip.MustParsePrefix(subnet6).Masked().Addr().Next().String()+"/128")
+	}
+	migConfig := "[mig]\nbackend = \"none\"\n"
+	if gpus > 0 {
+		migConfig = fmt.Sprintf("[mig]\nbackend = \"mock\"\nmock_model = \"h200\"\nmock_gpus = %d\nmock_state = %q\n[dra]\nenabled = true\nregistrar_dir = %q\nplugin_dir = %q\n",
+			gpus, filepath.Join(dir, "mock-gpus.json"), filepath.Join(kubeletRoot, "plugins_registry"), filepath.Join(kubeletRoot, "plugins", "mig.bulkhead.dev"))
 	}
 	var cidrs []string
 	for _, c := range append(append([]string{}, clusterCIDRs...), ServiceCIDR, ServiceCIDR6) {
@@ -462,12 +471,7 @@ key_file = %q
 key_id = "bulkhead"
 scope = "bulkhead"
 decision_log = %q
-[mig]
-backend = "mock"
-mock_model = "h200"
-mock_gpus = 1
-mock_state = %q
-[netpol]
+%s[netpol]
 enabled = true
 pin_dir = %q
 lock_path = %q
@@ -476,6 +480,6 @@ cluster_cidrs = [%s]
 untrusted = [%s]
 standard = [%s]
 trusted = [%s]
-`, in.Bundle(), in.BundleKey(), filepath.Join(dir, "decisions.log"), filepath.Join(dir, "mock-gpus.json"),
+`, in.Bundle(), in.BundleKey(), filepath.Join(dir, "decisions.log"), migConfig,
 		pinDir, filepath.Join(dir, "netpol.lock"), strings.Join(cidrs, ", "), shared, shared, shared)
 }

@@ -252,7 +252,7 @@ func TestCluster(t *testing.T) {
 				t.Skipf("runc tier: needs %s (make build tools)", bin)
 			}
 		}
-		if out, err := apply(Pod("trainer", "platform", "bulkhead-runc", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"})); err != nil {
+		if out, err := apply(OnNode(Pod("trainer", "platform", "bulkhead-runc", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"}), NodeA)); err != nil {
 			t.Fatalf("kubectl apply: %v\n%s", err, out)
 		}
 		if out, err := kubectl("-n", "platform", "wait", "--for=condition=Ready", "pod/trainer", "--timeout=180s"); err != nil {
@@ -286,6 +286,7 @@ func TestCluster(t *testing.T) {
 	t.Run("7-traffic-matrix-across-nodes", func(t *testing.T) { testTrafficMatrix(ctx, t, c) })
 	t.Run("8-api-server-down-30s", func(t *testing.T) { testAPIServerOutage(ctx, t, c) })
 	t.Run("9-quota-burst-across-nodes", func(t *testing.T) { testQuotaBurst(ctx, t, c) })
+	t.Run("10-dra-mig-claims-on-the-gpu-node", func(t *testing.T) { testDRAClaims(ctx, t, c) })
 
 	t.Run("6-uninstall-leaves-nothing", func(t *testing.T) {
 		if err := in.Uninstall(ctx, c, Namespaces...); err != nil {

@@ -107,11 +107,16 @@ spec:
 `
 
 // The story's two nodes: the scheduler spreads its pods over both, and
-// the fence of each learns the other's pods from the API server.
+// the fence of each learns the other's pods from the API server. NodeA is
+// the GPU node (two mock H200s, published to the scheduler through DRA);
+// NodeB has no GPU.
 const (
 	NodeA = "node-a"
 	NodeB = "node-b"
 )
+
+// gpusOf is each story node's mock H200s.
+var gpusOf = map[string]int{NodeA: 2, NodeB: 0}
 
 // StartStory prepares Bulkhead's install (PrepareInstall) with Tenants and
 // starts a two-node cluster for it in dir (NodeA, NodeB). The pod ranges,
@@ -170,7 +175,7 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 			Node: node.Options{
 				BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d%c", id, 'a'+i), Subnet: subnet, Subnet6: subnet6,
 				Routed: true, PipelineEnabled: true,
-				ShimConfig: in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs),
+				ShimConfig: in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs, gpusOf[name], filepath.Join(dir, name, "kubelet")),
 			},
 		})
 	}
@@ -300,8 +305,13 @@ spec:
 `, name, ns, pod)
 }
 
+// OnNode pins the pod of manifest (one of Pod's) to node nodeName.
+func OnNode(manifest, nodeName string) string {
+	return strings.Replace(manifest, "spec:\n", "spec:\n  nodeSelector: {kubernetes.io/hostname: "+nodeName+"}\n", 1)
+}
+
 // BurstPod is a sandboxed pod of namespace ns pinned to nodeName, for
 // concurrent creates against a quota.
 func BurstPod(name, ns, nodeName string) string {
-	return strings.Replace(Pod(name, ns, "bulkhead", nil), "spec:\n", "spec:\n  nodeSelector: {kubernetes.io/hostname: "+nodeName+"}\n", 1)
+	return OnNode(Pod(name, ns, "bulkhead", nil), nodeName)
 }

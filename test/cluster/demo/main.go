@@ -135,8 +135,8 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	say("6. A trusted tenant on runc (RuntimeClass bulkhead-runc) with a MIG slice of the mock H200")
-	apply("trainer.yaml", cluster.Pod("trainer", "platform", "bulkhead-runc", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"}))
+	say("6. A trusted tenant on runc (RuntimeClass bulkhead-runc) with a MIG slice of a mock H200 on %s", cluster.NodeA)
+	apply("trainer.yaml", cluster.OnNode(cluster.Pod("trainer", "platform", "bulkhead-runc", map[string]string{"bulkhead.dev/gpu-profile": "3g.71gb"}), cluster.NodeA))
 	show("-n", "platform", "wait", "--for=condition=Ready", "pod/trainer", "--timeout=180s")
 	show("-n", "platform", "exec", "trainer", "--", "sh", "-c", `tr '\0' '\n' </proc/1/environ | grep NVIDIA`)
 
