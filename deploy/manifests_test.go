@@ -10,6 +10,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -222,12 +223,29 @@ func mustFind[T runtime.Object](t *testing.T, tr *tree, name string) T {
 	return v
 }
 
+// separateRoots are kustomizations applied on their own, not through
+// deploy/kustomization.yaml: monitoring needs the Prometheus Operator's
+// CRDs, which a cluster may not have (monitoring_test.go checks it).
+var separateRoots = []string{"monitoring"}
+
 // TestEveryManifestIsReferenced: no YAML file in deploy/ is left out of the
-// kustomize tree (it would silently never be applied).
+// kustomize tree or a separate root (it would silently never be applied).
 func TestEveryManifestIsReferenced(t *testing.T) {
 	tr := loadTree(t)
+	kusts := maps.Clone(tr.kusts)
+	for _, dir := range separateRoots {
+		data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var k kustomization
+		if err := yaml.UnmarshalStrict(data, &k); err != nil {
+			t.Fatalf("%s/kustomization.yaml: %v", dir, err)
+		}
+		kusts[dir] = k
+	}
 	referenced := map[string]bool{}
-	for dir, k := range tr.kusts {
+	for dir, k := range kusts {
 		referenced[filepath.Join(dir, "kustomization.yaml")] = true
 		for _, r := range k.Resources {
 			referenced[filepath.Join(dir, r)] = true
