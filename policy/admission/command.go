@@ -297,5 +297,19 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
 	cfg.UserAgent = "bulkhead-webhook"
+	// client-go's default client-side limit (5 requests/s, bursts of 10)
+	// is too low for the quota ledger, which reads and writes a ConfigMap
+	// in every admitted pod's review, again on each conflict: 20 pods
+	// created at once waited in the limiter past the API server's 5 s
+	// webhook timeout and were refused (fail closed). The reviews are
+	// bounded by the webhook's own concurrency limit, and the API server's
+	// priority and fairness protects it from the rest.
+	cfg.QPS, cfg.Burst = ledgerQPS, ledgerBurst
 	return kubernetes.NewForConfig(cfg)
 }
+
+// ledgerQPS and ledgerBurst are the webhook's client-side request limits.
+const (
+	ledgerQPS   = 100
+	ledgerBurst = 200
+)
