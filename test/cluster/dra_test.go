@@ -162,4 +162,65 @@ func testDRAClaims(ctx context.Context, t *testing.T, c *Cluster) {
 	if out, err := kubectl("-n", "platform", "delete", "pods", "-l", "app=dra", "--wait=true"); err != nil {
 		t.Errorf("delete the claims' pods: %v: %s", err, out)
 	}
+
+	// 20 concurrent claims: never more than the four slices, each its own.
+	done := make(chan error, 20)
+	for i := range 20 {
+		go func() {
+			out, err := c.KubectlStdin(ctx, migClaimPod(fmt.Sprintf("burst-%02d", i), "platform", "mig-3g"), "create", "-f", "-")
+			if err != nil {
+				err = fmt.Errorf("%v: %s", err, out)
+			}
+			done <- err
+		}()
+	}
+	for range 20 {
+		if err := <-done; err != nil {
+			t.Errorf("create a claiming pod: %v", err)
+		}
+	}
+	running := func() []string {
+		out, _ := kubectl("-n", "platform", "get", "pods", "-l", "app=dra", "--field-selector=status.phase=Running", "-o", "name")
+		return strings.Fields(out)
+	}
+	wctx3, cancel3 := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel3()
+	if why := eventually(wctx3, func() string {
+		if n := len(running()); n != 4 {
+			return fmt.Sprintf("%d of 20 claiming pods Running, want the 4 slices' worth", n)
+		}
+		return ""
+	}); why != "" {
+		t.Error(why)
+	}
+	time.Sleep(5 * time.Second) // no fifth one later
+	seen := map[string]string{}
+	for _, p := range running() {
+		name := strings.TrimPrefix(p, "pod/")
+		env, _ := kubectl("-n", "platform", "exec", name, "--", "sh", "-c", `tr '\0' '\n' </proc/1/environ`)
+		uuid := strings.TrimPrefix(grepLines(env, "NVIDIA_VISIBLE_DEVICES="), "NVIDIA_VISIBLE_DEVICES=")
+		if other, dup := seen[uuid]; dup || !strings.HasPrefix(uuid, "MIG-") {
+			t.Errorf("pod %s sees %q (also %q's)", name, uuid, other)
+		}
+		seen[uuid] = name
+	}
+	if n := len(running()); n != 4 {
+		t.Errorf("%d claiming pods Running after the burst settled, want 4", n)
+	}
+	st := nodeStatus(ctx, t, c.Node(NodeA))
+	t.Logf("20 concurrent claims: %d Running with distinct MIG devices, the rest Pending\n$ bulkhead node status   (node %s)\n%s", len(seen), NodeA, grepLines(st, "h200"))
+	if out, err := kubectl("-n", "platform", "delete", "pods", "-l", "app=dra", "--wait=true"); err != nil {
+		t.Errorf("delete the burst: %v: %s", err, out)
+	}
+	// Every slice back: no instance, no reservation on the GPU node.
+	wctx4, cancel4 := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel4()
+	if why := eventually(wctx4, func() string {
+		if st := nodeStatus(ctx, t, c.Node(NodeA)); strings.Contains(st, "MIG-") || strings.Count(st, " 0/7 ") != 2 {
+			return "node-a still holds a slice:\n" + st
+		}
+		return ""
+	}); why != "" {
+		t.Error(why)
+	}
 }
