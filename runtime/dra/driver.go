@@ -80,6 +80,9 @@ type Driver struct {
 	opts Options
 	// helper is the kubelet plugin helper; nil until Start.
 	helper *kubeletplugin.Helper
+	// stopPublishing ends poll, which publishing waits for.
+	stopPublishing context.CancelFunc
+	publishing     sync.WaitGroup
 	// mu guards published.
 	mu sync.Mutex
 	// published is what the ResourceSlices were last built from; nil
@@ -100,8 +103,9 @@ func New(o Options) (*Driver, error) {
 	return &Driver{opts: o}, nil
 }
 
-// Start registers the plugin with the kubelet, publishes the node's
-// ResourceSlices and keeps them current until ctx ends or Stop.
+// Start registers the plugin with the kubelet and, in the background,
+// publishes the node's ResourceSlices and keeps them current until ctx
+// ends or Stop.
 func (d *Driver) Start(ctx context.Context) error {
 	// The kubelet makes its registration directory; the plugin's own is
 	// the plugin's to make.
@@ -127,11 +131,15 @@ func (d *Driver) Start(ctx context.Context) error {
 		return fmt.Errorf("dra: %w", err)
 	}
 	d.helper = h
-	if err := d.publish(ctx); err != nil {
-		h.Stop()
-		return err
-	}
-	go d.poll(ctx)
+	// Publishing waits for the API server (the first publication until
+	// the helper has listed the node's slices): it never holds up the
+	// agent, whose shims do not depend on it.
+	ctx, d.stopPublishing = context.WithCancel(ctx)
+	d.publishing.Add(1)
+	go func() {
+		defer d.publishing.Done()
+		d.poll(ctx)
+	}()
 	return nil
 }
 
@@ -139,7 +147,9 @@ func (d *Driver) Start(ctx context.Context) error {
 // stay: the kubelet removes a node's slices when its plugin is gone for
 // long, and a restarted agent publishes the same ones.
 func (d *Driver) Stop() {
+	d.stopPublishing()
 	d.helper.Stop()
+	d.publishing.Wait()
 }
 
 // publication is what the node's ResourceSlices are built from.
@@ -243,8 +253,12 @@ func (d *Driver) publish(ctx context.Context) error {
 	return nil
 }
 
-// poll republishes when the GPUs change, until ctx ends.
+// poll publishes, then republishes when what the slices are built from
+// changes, until ctx ends.
 func (d *Driver) poll(ctx context.Context) {
+	if err := d.publish(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("dra: publishing the node's GPUs")
+	}
 	t := time.NewTicker(d.opts.PollInterval)
 	defer t.Stop()
 	for {
