@@ -89,7 +89,7 @@ test: build build-failpoints tools ## Run every test: unit, Rego (with coverage 
 	$(GO) test -run '^$$' -fuzz '^FuzzMergeData$$' -fuzztime 10s ./policy
 
 .PHONY: test-cluster
-test-cluster: build tools ## Install Bulkhead from deploy/ on a private two-node Kubernetes cluster (kube-proxy, nodes node-a and node-b) and run the user's cases through kubectl, the traffic matrix across the nodes, a 30 s API server outage and a quota burst included (root; etcd from make deps).
+test-cluster: build tools ## Install Bulkhead from deploy/ on a private two-node Kubernetes cluster (kube-proxy, nodes node-a and node-b) and run the user's cases through kubectl, the traffic matrix across the nodes, a 30 s API server outage, a quota burst and MIG claims through DRA included (root; etcd from make deps).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -v -count=1 -timeout 25m -run '^TestCluster$$' ./test/cluster/
 
 .PHONY: bench-cluster
