@@ -28,4 +28,14 @@
 // so the slices change only when the GPUs do (a GPU appears, leaves or
 // changes MIG mode); the plugin reads the backend's GPUs every
 // Options.PollInterval and republishes on a change.
+//
+// The kubelet unprepares a claim before it is deleted or deallocated,
+// unless its own state was lost; then nothing on the node would end the
+// claim's reservation. Once the slices are published, and every
+// Options.SweepInterval after, the plugin looks up each claim the ledger
+// holds and releases, as an unprepare does, one the API server says is
+// gone: not found, recreated under another UID, or no longer allocated
+// the device this node holds for it. Nothing else (the API server down,
+// forbidden) releases anything, and a reservation written in the last
+// ClaimGrace is left alone: its claim may be being prepared.
 package dra

@@ -50,6 +50,10 @@ type Options struct {
 	// PollInterval is how often the GPUs and the slices held outside DRA
 	// are read for a change; 0 is DefaultPollInterval.
 	PollInterval time.Duration
+	// SweepInterval is how often the claims this node holds are looked up
+	// in the API server, and those gone released (the first time once the
+	// node's slices are published); 0 is DefaultSweepInterval.
+	SweepInterval time.Duration
 }
 
 func (o Options) validate() error {
@@ -71,6 +75,9 @@ func (o Options) validate() error {
 	if o.PollInterval < 0 {
 		errs = append(errs, fmt.Errorf("poll interval %v: must not be negative", o.PollInterval))
 	}
+	if o.SweepInterval < 0 {
+		errs = append(errs, fmt.Errorf("sweep interval %v: must not be negative", o.SweepInterval))
+	}
 	return errors.Join(errs...)
 }
 
@@ -88,6 +95,8 @@ type Driver struct {
 	// published is what the ResourceSlices were last built from; nil
 	// before the first publication.
 	published *publication
+	// now is the clock the orphan sweep counts ClaimGrace on.
+	now func() time.Time
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -100,7 +109,10 @@ func New(o Options) (*Driver, error) {
 	if o.PollInterval == 0 {
 		o.PollInterval = DefaultPollInterval
 	}
-	return &Driver{opts: o}, nil
+	if o.SweepInterval == 0 {
+		o.SweepInterval = DefaultSweepInterval
+	}
+	return &Driver{opts: o, now: time.Now}, nil
 }
 
 // Start registers the plugin with the kubelet and, in the background,
@@ -254,11 +266,30 @@ func (d *Driver) publish(ctx context.Context) error {
 }
 
 // poll publishes, then republishes when what the slices are built from
-// changes, until ctx ends.
+// changes, until ctx ends. Once the slices are published it sweeps the
+// claims that are gone, then again every SweepInterval.
 func (d *Driver) poll(ctx context.Context) {
-	if err := d.publish(ctx); err != nil {
-		log.G(ctx).WithError(err).Warn("dra: publishing the node's GPUs")
+	// sweep is nil until the first publication: a nil channel is never
+	// ready.
+	var sweep *time.Ticker
+	var sweeps <-chan time.Time
+	defer func() {
+		if sweep != nil {
+			sweep.Stop()
+		}
+	}()
+	published := func(err error, what string) {
+		if err != nil {
+			log.G(ctx).WithError(err).Warn(what)
+			return
+		}
+		if sweep == nil {
+			d.sweepLogged(ctx)
+			sweep = time.NewTicker(d.opts.SweepInterval)
+			sweeps = sweep.C
+		}
 	}
+	published(d.publish(ctx), "dra: publishing the node's GPUs")
 	t := time.NewTicker(d.opts.PollInterval)
 	defer t.Stop()
 	for {
@@ -266,10 +297,18 @@ func (d *Driver) poll(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := d.publish(ctx); err != nil {
-				log.G(ctx).WithError(err).Warn("dra: republishing the node's GPUs")
-			}
+			published(d.publish(ctx), "dra: republishing the node's GPUs")
+		case <-sweeps:
+			d.sweepLogged(ctx)
 		}
+	}
+}
+
+// sweepLogged sweeps, logging what it could not look up or release: a
+// later sweep tries those again.
+func (d *Driver) sweepLogged(ctx context.Context) {
+	if _, err := d.sweep(ctx, d.now()); err != nil {
+		log.G(ctx).WithError(err).Warn("dra: sweeping claims that are gone")
 	}
 }
 
