@@ -98,6 +98,11 @@ type DeviceRequest struct {
 	AllocationMode string `json:"allocation_mode,omitempty"`
 	// Count is the number of devices for ExactCount; 0 otherwise.
 	Count int64 `json:"count,omitempty"`
+	// Selectors are the request's CEL selector expressions, as written.
+	// The policy reads the MIG profile a request on Bulkhead's own class
+	// pins from them (bulkhead.gpu), so that such a claim is judged like
+	// the bulkhead.dev/gpu-profile annotation.
+	Selectors []string `json:"selectors,omitempty"`
 }
 
 // Volume is one volume a pod declares.

@@ -98,6 +98,13 @@ func (c *ResourceClaim) astValue() ast.Value {
 			if r.Count != 0 {
 				ro.Insert(key("count"), intTerm(r.Count))
 			}
+			if len(r.Selectors) > 0 {
+				sel := make([]*ast.Term, len(r.Selectors))
+				for j, e := range r.Selectors {
+					sel[j] = ast.StringTerm(e)
+				}
+				ro.Insert(key("selectors"), ast.ArrayTerm(sel...))
+			}
 			rs[i] = ast.NewTerm(ro)
 		}
 		o.Insert(key("requests"), ast.ArrayTerm(rs...))
@@ -296,7 +303,7 @@ var keyTerms = func() map[string]*ast.Term {
 		"volumes", "type", "host_path", "may_be_claim", "path", "read_only", "sysctls", "ephemeral", "mounts",
 		"added_capabilities", "host_ports", "seccomp_profile", "apparmor_profile",
 		"gpus", "index", "model", "mig_enabled", "free_slices", "tenants",
-		"resource_claims", "claim_name", "template_name", "read", "requests", "device_class", "allocation_mode",
+		"resource_claims", "claim_name", "template_name", "read", "requests", "device_class", "allocation_mode", "selectors",
 		// and those of the decision, read back by decodeDecision
 		"allow", "reasons", "tier", "runtime", "warnings", "rule", "message", "enforcement",
 		"allowed_profiles", "max_slices", "whole_gpu", "exclusive_physical_gpu", "mig_in_sandbox",

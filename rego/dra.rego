@@ -7,6 +7,10 @@
 #   the tier sets gpu.allow_dra; a request on any other class needs a tier
 #   whose allowed_device_classes matches it. A claim whose requests could not
 #   be read may be either, so only a tier that allows both admits it.
+#   Bulkhead's own class (data.bulkhead.mig_device_class) is neither: its
+#   driver places the slice through Bulkhead's ledger, so a request on it is
+#   a GPU request judged like the bulkhead.dev/gpu-profile annotation
+#   (bulkhead.gpu), provided it pins one MIG profile.
 package bulkhead.dra
 
 import data.bulkhead.identity
@@ -35,6 +39,9 @@ requests contains {
 	"name": object.get(r, "name", ""),
 	"class": object.get(r, "device_class", ""),
 	"amount": amount(r),
+	"mode": object.get(r, "allocation_mode", ""),
+	"count": object.get(r, "count", 1),
+	"selectors": object.get(r, "selectors", []),
 } if {
 	some c in claims
 	c.read == true
@@ -42,6 +49,27 @@ requests contains {
 }
 
 gpu_class(class) if class in data.bulkhead.gpu_device_classes
+
+mig_class(class) if class == data.bulkhead.mig_device_class
+
+# mig_requests are the requests on Bulkhead's own class, in a stable order.
+mig_requests := sort([[r.who, r.name, r] | some r in requests; mig_class(r.class)])
+
+# selector_profile(e) is the MIG profile CEL expression e pins, in the form
+# Bulkhead's driver documents (mig/dra.ProfileSelector):
+# device.attributes["mig.bulkhead.dev"].profile == "3g.71gb".
+selector_profile(e) := m[0][1] if {
+	m := regex.find_all_string_submatch_n(`^device\.attributes\["mig\.bulkhead\.dev"\]\.profile == "([^"]+)"$`, e, 1)
+	count(m) == 1
+}
+
+# mig_profile(r) is the one profile request r pins: exactly one selector,
+# in that form, for exactly one device.
+mig_profile(r) := selector_profile(r.selectors[0]) if {
+	count(r.selectors) == 1
+	r.mode != "All"
+	r.count == 1
+}
 
 gpus_allowed if settings.gpu.allow_dra == true
 
@@ -68,6 +96,7 @@ findings contains {
 	not gpus_allowed
 	some r in requests
 	gpu_class(r.class)
+	not mig_class(r.class)
 }
 
 findings contains {
@@ -76,8 +105,23 @@ findings contains {
 } if {
 	some r in requests
 	not gpu_class(r.class)
+	not mig_class(r.class)
 	not class_allowed(r.class)
 }
+
+findings contains {
+	"rule": "gpu.dra_profile_unpinned",
+	"message": sprintf("%s asks through DRA (request %q) for %s of Bulkhead's MIG class %q without pinning one profile; a request there asks for one device with exactly one selector %s", [r.who, r.name, r.amount, r.class, `device.attributes["mig.bulkhead.dev"].profile == "<profile>"`]),
+} if {
+	some r in requests
+	mig_class(r.class)
+	not mig_profile(r)
+}
+
+findings contains {
+	"rule": "gpu.count",
+	"message": sprintf("%d requests ask through DRA for Bulkhead's MIG slices; one per pod is supported for now (%v)", [count(mig_requests), [sprintf("%s request %q", [e[0], e[1]]) | some e in mig_requests]]),
+} if count(mig_requests) > 1
 
 findings contains {
 	"rule": "workload.claim_unread",

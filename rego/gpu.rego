@@ -8,6 +8,7 @@
 package bulkhead.gpu
 
 import data.bulkhead.contract
+import data.bulkhead.dra
 import data.bulkhead.identity
 import data.bulkhead.runtime
 
@@ -20,7 +21,33 @@ whole_slices := 7
 # asks for none, whatever its input says.
 request := input.request.gpu if {
 	not contract.per_container
-	is_object(input.request.gpu)
+	annotated
+}
+
+# annotated: the pod asks through bulkhead.dev/gpu-profile or GPU limits.
+annotated if is_object(input.request.gpu)
+
+# A pod's claim on Bulkhead's own DRA class (bulkhead.dra) asks for the MIG
+# profile its selector pins, as the annotation would: the same caps, quota
+# and runtime rules judge it, here and when the node prepares the claim.
+# (Several such claims, or one that pins no profile, are refused by
+# bulkhead.dra.)
+request := {"profile": profile_of_claim, "count": 1, "claim": true} if {
+	not contract.per_container
+	not annotated
+	count(dra.mig_requests) == 1
+	profile_of_claim := dra.mig_profile(dra.mig_requests[0][2])
+}
+
+from_claim if request.claim == true
+
+findings contains {
+	"rule": "gpu.count",
+	"message": "the pod asks for a GPU both through bulkhead.dev/gpu-profile (or GPU limits) and through a claim on Bulkhead's MIG class; ask one way",
+} if {
+	not contract.per_container
+	annotated
+	count(dra.mig_requests) > 0
 }
 
 profile := object.get(request, "profile", "")
@@ -120,6 +147,20 @@ findings contains {
 	known_profile
 	runtime.runtime_of_handler == "gvisor"
 	mig_in_sandbox == "refuse"
+}
+
+# A claimed device is that slice: the whole-GPU fallback of
+# mig_in_sandbox "whole-gpu" is for the annotation only, so a gVisor pod's
+# claim is refused whatever the tier answers (the node's PrepareClaim
+# refuses it with the same rule).
+findings contains {
+	"rule": "gpu.mig_in_gvisor",
+	"message": sprintf("profile %q is a MIG slice claimed through DRA and the pod runs in gVisor (handler %q), whose nvproxy exposes no /dev/nvidia-caps for MIG capabilities; a claimed slice has no whole-GPU fallback", [profile, runtime.handler]),
+} if {
+	from_claim
+	known_profile
+	runtime.runtime_of_handler == "gvisor"
+	mig_in_sandbox == "whole-gpu"
 }
 
 findings contains {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
 	resourcev1 "k8s.io/api/resource/v1"
+
+	migdra "github.com/bulkhead-runtime/bulkhead/mig/dra"
 )
 
 // claimTemplates is a ClaimReader over a fixed set of templates and claims.
@@ -42,10 +45,20 @@ func TestReviewJudgesDRAClaims(t *testing.T) {
 		},
 	}}}}
 	nic := exactly("nic.example.com", resourcev1.DeviceAllocationModeExactCount, 1)
+	// Bulkhead's own class: judged like the annotation once the selector,
+	// in the form Bulkhead's driver documents, pins one profile.
+	mig := func(selectors ...string) *resourcev1.ResourceClaimSpec {
+		s := exactly(migdra.DeviceClassName, resourcev1.DeviceAllocationModeExactCount, 1)
+		for _, e := range selectors {
+			s.Devices.Requests[0].Exactly.Selectors = append(s.Devices.Requests[0].Exactly.Selectors, resourcev1.DeviceSelector{CEL: &resourcev1.CELDeviceSelector{Expression: e}})
+		}
+		return s
+	}
 	tests := []struct {
 		name    string
 		ns      string
 		reader  ClaimReader
+		runc    bool // the pod on RuntimeClass bulkhead-runc instead of bulkhead (gVisor)
 		allowed bool
 		want    []string
 	}{
@@ -60,6 +73,13 @@ func TestReviewJudgesDRAClaims(t *testing.T) {
 		{name: "first available", ns: "agents", reader: claimTemplates{"agents/template/all-gpus": firstAvailable},
 			want: []string{`request "gpu/big") for 1 device(s)`, `request "gpu/small") for 1 device(s) of GPU device class "mig.nvidia.com"`}},
 		{name: "other class", ns: "agents", reader: claimTemplates{"agents/template/all-gpus": nic}, want: []string{"[workload.device_class]", `"nic.example.com"`}},
+		{name: "bulkhead MIG slice, trusted, runc", ns: "platform", runc: true, reader: claimTemplates{"platform/template/all-gpus": mig(migdra.ProfileSelector("3g.71gb"))}, allowed: true},
+		{name: "bulkhead MIG slice, trusted, gVisor", ns: "platform", reader: claimTemplates{"platform/template/all-gpus": mig(migdra.ProfileSelector("3g.71gb"))},
+			want: []string{"[gpu.mig_in_gvisor]", `profile "3g.71gb" is a MIG slice claimed through DRA`}},
+		{name: "bulkhead MIG slice of no known profile", ns: "platform", runc: true, reader: claimTemplates{"platform/template/all-gpus": mig(migdra.ProfileSelector("9g.999gb"))},
+			want: []string{"[gpu.profile_unknown]", `"9g.999gb"`}},
+		{name: "bulkhead MIG slice, no profile pinned", ns: "platform", runc: true, reader: claimTemplates{"platform/template/all-gpus": mig()},
+			want: []string{"[gpu.dra_profile_unpinned]", `"mig.bulkhead.dev"`}},
 	}
 	_, review := readReview(t, "pod-dra-gpu.json")
 	for _, tt := range tests {
@@ -70,6 +90,13 @@ func TestReviewJudgesDRAClaims(t *testing.T) {
 			}
 			req := review.Request.DeepCopy()
 			req.Namespace = tt.ns
+			if tt.runc {
+				raw := regexp.MustCompile(`"runtimeClassName":\s*"bulkhead"`).ReplaceAllString(string(req.Object.Raw), `"runtimeClassName":"bulkhead-runc"`)
+				if raw == string(req.Object.Raw) {
+					t.Fatal("the fixture names no runtimeClassName bulkhead to change")
+				}
+				req.Object.Raw = []byte(raw)
+			}
 			resp := rev.Review(context.Background(), req)
 			if resp.Allowed != tt.allowed {
 				t.Fatalf("allowed = %v, want %v (%+v)", resp.Allowed, tt.allowed, resp.Result)

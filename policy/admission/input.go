@@ -389,10 +389,21 @@ func deviceRequestsOf(spec *resourcev1.ResourceClaimSpec) []policy.DeviceRequest
 	var out []policy.DeviceRequest
 	for _, r := range spec.Devices.Requests {
 		if e := r.Exactly; e != nil {
-			out = append(out, policy.DeviceRequest{Name: r.Name, DeviceClass: e.DeviceClassName, AllocationMode: string(e.AllocationMode), Count: countOf(string(e.AllocationMode), e.Count)})
+			out = append(out, policy.DeviceRequest{Name: r.Name, DeviceClass: e.DeviceClassName, AllocationMode: string(e.AllocationMode), Count: countOf(string(e.AllocationMode), e.Count), Selectors: celOf(e.Selectors)})
 		}
 		for _, s := range r.FirstAvailable {
-			out = append(out, policy.DeviceRequest{Name: r.Name + "/" + s.Name, DeviceClass: s.DeviceClassName, AllocationMode: string(s.AllocationMode), Count: countOf(string(s.AllocationMode), s.Count)})
+			out = append(out, policy.DeviceRequest{Name: r.Name + "/" + s.Name, DeviceClass: s.DeviceClassName, AllocationMode: string(s.AllocationMode), Count: countOf(string(s.AllocationMode), s.Count), Selectors: celOf(s.Selectors)})
+		}
+	}
+	return out
+}
+
+// celOf lists the CEL expressions of a request's selectors.
+func celOf(sel []resourcev1.DeviceSelector) []string {
+	var out []string
+	for _, s := range sel {
+		if s.CEL != nil {
+			out = append(out, s.CEL.Expression)
 		}
 	}
 	return out
