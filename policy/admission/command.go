@@ -221,6 +221,7 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 			return err
 		}
 		reviewOpts.Handlers = cluster.Handlers
+		reviewOpts.Claims = cluster.Claims
 		if c.QuotaNamespace != "" {
 			ledger, err = NewQuotaLedger(QuotaLedgerOptions{
 				Client: client, Namespace: c.QuotaNamespace, Pods: cluster.Usage, PodInformer: cluster.Pods,

@@ -214,7 +214,10 @@ type Cluster struct {
 	Pods     cache.SharedIndexInformer
 	Usage    *PodUsage
 	Handlers RuntimeClassHandlers
-	synced   []cache.InformerSynced
+	// Claims reads the DRA claims and claim templates pods name, so that
+	// what a claim asks for is judged, not refused or admitted unread.
+	Claims ListerClaims
+	synced []cache.InformerSynced
 }
 
 // NewCluster prepares informers on client; Start runs them.
@@ -228,6 +231,7 @@ func NewCluster(client kubernetes.Interface) (*Cluster, error) {
 		return nil, fmt.Errorf("admission: pod informer: %w", err)
 	}
 	rcs := f.Node().V1().RuntimeClasses()
+	claims, templates := f.Resource().V1().ResourceClaims(), f.Resource().V1().ResourceClaimTemplates()
 	usage, err := NewPodUsage(pods)
 	if err != nil {
 		return nil, err
@@ -237,7 +241,8 @@ func NewCluster(client kubernetes.Interface) (*Cluster, error) {
 		Pods:     pods,
 		Usage:    usage,
 		Handlers: RuntimeClassHandlers{Lister: rcs.Lister()},
-		synced:   []cache.InformerSynced{usage.Synced, rcs.Informer().HasSynced},
+		Claims:   ListerClaims{Claims: claims.Lister(), Templates: templates.Lister()},
+		synced:   []cache.InformerSynced{usage.Synced, rcs.Informer().HasSynced, claims.Informer().HasSynced, templates.Informer().HasSynced},
 	}, nil
 }
 

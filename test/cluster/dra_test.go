@@ -212,6 +212,28 @@ func testDRAClaims(ctx context.Context, t *testing.T, c *Cluster) {
 	if out, err := kubectl("-n", "platform", "delete", "pods", "-l", "app=dra", "--wait=true"); err != nil {
 		t.Errorf("delete the burst: %v: %s", err, out)
 	}
+	// A gVisor pod's MIG claim: refused at the webhook with the rule the
+	// node's prepare refuses it with (a claimed slice has no whole-GPU
+	// fallback in a sandbox).
+	if out, err := c.KubectlStdin(ctx, migClaimTemplate("mig-1g", "agents", "1g.18gb"), "apply", "-f", "-"); err != nil {
+		t.Fatalf("ResourceClaimTemplate in agents: %v: %s", err, out)
+	}
+	sandboxed := strings.Replace(migClaimPod("sandboxed-mig", "agents", "mig-1g"), "runtimeClassName: bulkhead-runc", "runtimeClassName: bulkhead", 1)
+	// The webhook reads the template from its informer, which may not hold
+	// it yet (then the claim is unread, refused below trusted): retry.
+	var err error
+	for range 30 {
+		out, err = c.KubectlStdin(ctx, sandboxed, "apply", "-f", "-")
+		if err == nil || !strings.Contains(out, "[workload.claim_unread]") {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("$ kubectl apply -f sandboxed-mig.yaml   (tenant agents, gVisor, a claim on mig.bulkhead.dev)\n%s", out)
+	if err == nil || !strings.Contains(out, "[gpu.mig_in_gvisor]") {
+		t.Errorf("a gVisor pod's MIG claim: err %v, want the webhook's [gpu.mig_in_gvisor]", err)
+	}
+
 	// Every slice back: no instance, no reservation on the GPU node.
 	wctx4, cancel4 := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel4()
