@@ -27,15 +27,28 @@ const (
 
 // checkNodeAddr refuses what cannot be another node's address.
 func checkNodeAddr(a netip.Addr) error {
+	if !a.IsValid() {
+		return errors.New("not a valid address")
+	}
+	if err := checkPeerAddr(a, "a unicast address, not loopback or link-local"); err != nil {
+		return fmt.Errorf("node address %s: %w", a, err)
+	}
+	return nil
+}
+
+// checkPeerAddr refuses what cannot be a peer the agent names by one
+// address (another node, a pod of another node): the why, for the caller
+// to prefix with what the address is; unicast says what it must be.
+func checkPeerAddr(a netip.Addr, unicast string) error {
 	switch {
 	case !a.IsValid():
 		return errors.New("not a valid address")
 	case a.Is4In6():
-		return fmt.Errorf("node address %s: an IPv4-mapped IPv6 address; give the IPv4 address", a)
+		return errors.New("an IPv4-mapped IPv6 address; give the IPv4 address")
 	case a.Zone() != "":
-		return fmt.Errorf("node address %s: an address with a zone", a)
+		return errors.New("an address with a zone")
 	case a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a.IsLinkLocalUnicast():
-		return fmt.Errorf("node address %s: must be a unicast address, not loopback or link-local", a)
+		return errors.New("must be " + unicast)
 	}
 	return nil
 }

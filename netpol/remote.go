@@ -35,15 +35,11 @@ type RemotePod struct {
 
 func (r RemotePod) validate() error {
 	a := r.Addr
-	switch {
-	case !a.IsValid():
+	if !a.IsValid() {
 		return errors.New("remote pod: Addr is not a valid address")
-	case a.Is4In6():
-		return fmt.Errorf("remote pod %s: an IPv4-mapped IPv6 address; give the IPv4 address", a)
-	case a.Zone() != "":
-		return fmt.Errorf("remote pod %s: an address with a zone", a)
-	case a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a.IsLinkLocalUnicast():
-		return fmt.Errorf("remote pod %s: must be a unicast, non-link-local pod address", a)
+	}
+	if err := checkPeerAddr(a, "a unicast, non-link-local pod address"); err != nil {
+		return fmt.Errorf("remote pod %s: %w", a, err)
 	}
 	if err := dnslabel.Check(r.Tenant); err != nil {
 		return fmt.Errorf("remote pod %s: Tenant %q %w", a, r.Tenant, err)

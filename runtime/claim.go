@@ -113,22 +113,12 @@ func (p *Pipeline) reserveClaim(ctx context.Context, c Claim) (res *node.Reserva
 			Request: policy.Request{GPU: &policy.GPURequest{Profile: c.Profile, Count: 1}},
 			Node:    nodeInput(alloc, p.node.GPUs()),
 		}
-		tenant, err := p.tenants.Tenant(ctx, c.Namespace)
+		d, undecided, err := p.decideWithUsage(ctx, tx, c.Namespace, &in)
 		if err != nil {
-			return refusal(who, policy.Decision{}, err)
-		}
-		if in.Usage, err = tx.Usage(tenant); err != nil {
 			return err
 		}
-		d, err := p.decider.Decide(ctx, in)
-		if err == nil && d.Tenant != tenant {
-			if in.Usage, err = tx.Usage(d.Tenant); err != nil {
-				return err
-			}
-			d, err = p.decider.Decide(ctx, in)
-		}
-		if err != nil || !d.Allow {
-			return refusal(who, d, err)
+		if undecided != nil || !d.Allow {
+			return refusal(who, d, undecided)
 		}
 		if mode, err := mig.SandboxGPUMode(d.Runtime, d.GPU.MIGInSandbox); err != nil || mode != mig.GPUModeMIG {
 			msg := fmt.Sprintf("the pod runs under %s (handler %q), which cannot use the MIG slice %s the claim holds", d.Runtime, c.Handler, c.Profile)

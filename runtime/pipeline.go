@@ -16,7 +16,7 @@ import (
 // node agent holds one for the node: the node (package runtime/node) holds
 // what outlives each pod, the pipeline only adds the policy it asks.
 type Pipeline struct {
-	node *node.Node
+	node    *node.Node
 	decider policy.Decider
 	// tenants remembers which tenant the policy in force gives each
 	// namespace, so that reserve asks the policy once per pod.
@@ -124,4 +124,3 @@ func Open(ctx context.Context, cfg config.Config) (*node.Node, *policy.Engine, e
 
 // Stage is how long one stage of a sandbox's create took.
 type Stage = starttrace.Stage
-

@@ -34,22 +34,12 @@ func (p *Pipeline) reserve(ctx context.Context, sb *node.Sandbox, in policy.Inpu
 			return err
 		}
 		in.Node = nodeInput(alloc, p.node.GPUs())
-		tenant, err := p.tenants.Tenant(ctx, sb.Namespace)
+		d, undecided, err := p.decideWithUsage(ctx, tx, sb.Namespace, &in)
 		if err != nil {
-			return refusal(sb, policy.Decision{}, err)
-		}
-		if in.Usage, err = tx.Usage(tenant); err != nil {
 			return err
 		}
-		d, err := p.decider.Decide(ctx, in)
-		if err == nil && d.Tenant != tenant {
-			if in.Usage, err = tx.Usage(d.Tenant); err != nil {
-				return err
-			}
-			d, err = p.decider.Decide(ctx, in)
-		}
-		if err != nil || !d.Allow {
-			return refusal(sb, d, err)
+		if undecided != nil || !d.Allow {
+			return refusal(sb, d, undecided)
 		}
 		// The policy picks the runtime from the handler; this shim runs
 		// one runtime and starts nothing in another.
@@ -177,4 +167,27 @@ func (p *Pipeline) allocatorOptions() []mig.Option {
 		return []mig.Option{mig.WithStrictMIGMode()}
 	}
 	return nil
+}
+
+// decideWithUsage decides in with the usage the ledger (tx) holds for the
+// tenant the policy in force gives namespace, asked once per namespace
+// (p.tenants); a decision that names another tenant is decided again with
+// that tenant's usage. undecided is why there is no decision (the tenant
+// or the policy could not be asked: a refusal); err is the ledger's.
+func (p *Pipeline) decideWithUsage(ctx context.Context, tx *node.LedgerTx, namespace string, in *policy.Input) (d policy.Decision, undecided, err error) {
+	tenant, err := p.tenants.Tenant(ctx, namespace)
+	if err != nil {
+		return policy.Decision{}, err, nil
+	}
+	if in.Usage, err = tx.Usage(tenant); err != nil {
+		return policy.Decision{}, nil, err
+	}
+	d, undecided = p.decider.Decide(ctx, *in)
+	if undecided == nil && d.Tenant != tenant {
+		if in.Usage, err = tx.Usage(d.Tenant); err != nil {
+			return policy.Decision{}, nil, err
+		}
+		d, undecided = p.decider.Decide(ctx, *in)
+	}
+	return d, undecided, nil
 }
