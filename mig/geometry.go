@@ -32,6 +32,12 @@ type Profile struct {
 	MemoryGB int
 	// Media is true for the "+me" profile that owns all media engines.
 	Media bool
+	// MediaEngines is true where an instance of the profile has the GPU's
+	// JPEG decoders and optical flow accelerator: the "+me" profile and the
+	// whole-GPU profile (NVML reports JPEG and OFA for 7g on a real H200,
+	// driver 580). The hardware check compares NVML's engine counts with
+	// it; Media, not this, is what a request for media engines selects.
+	MediaEngines bool
 	// Instances is the most instances of this profile a GPU can hold.
 	Instances int
 	// Starts are the memory slots where an instance may begin, ascending.
@@ -79,19 +85,19 @@ type GPUModel struct {
 // the same placements. Only the memory per slot differs.
 type shape struct {
 	compute, slots, instances int
-	media                     bool
+	media, engines            bool
 	starts                    []int
 	nvmlProfile, ciProfile    int
 }
 
 var shapes = []shape{
 	{compute: 1, slots: 1, instances: 7, starts: []int{0, 1, 2, 3, 4, 5, 6}, nvmlProfile: nvml.GPU_INSTANCE_PROFILE_1_SLICE, ciProfile: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE},
-	{compute: 1, slots: 1, instances: 1, media: true, starts: []int{0, 1, 2, 3, 4, 5, 6}, nvmlProfile: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, ciProfile: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE},
+	{compute: 1, slots: 1, instances: 1, media: true, engines: true, starts: []int{0, 1, 2, 3, 4, 5, 6}, nvmlProfile: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, ciProfile: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE},
 	{compute: 1, slots: 2, instances: 4, starts: []int{0, 2, 4, 6}, nvmlProfile: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, ciProfile: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE},
 	{compute: 2, slots: 2, instances: 3, starts: []int{0, 2, 4}, nvmlProfile: nvml.GPU_INSTANCE_PROFILE_2_SLICE, ciProfile: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE},
 	{compute: 3, slots: 4, instances: 2, starts: []int{0, 4}, nvmlProfile: nvml.GPU_INSTANCE_PROFILE_3_SLICE, ciProfile: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE},
 	{compute: 4, slots: 4, instances: 1, starts: []int{0}, nvmlProfile: nvml.GPU_INSTANCE_PROFILE_4_SLICE, ciProfile: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE},
-	{compute: 7, slots: 8, instances: 1, starts: []int{0}, nvmlProfile: nvml.GPU_INSTANCE_PROFILE_7_SLICE, ciProfile: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE},
+	{compute: 7, slots: 8, instances: 1, engines: true, starts: []int{0}, nvmlProfile: nvml.GPU_INSTANCE_PROFILE_7_SLICE, ciProfile: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE},
 }
 
 func newModel(name, product string, memoryGB int) *GPUModel {
@@ -105,6 +111,7 @@ func newModel(name, product string, memoryGB int) *GPUModel {
 			Slots:          s.slots,
 			MemoryGB:       gb,
 			Media:          s.media,
+			MediaEngines:   s.engines,
 			Instances:      s.instances,
 			Starts:         s.starts,
 			NVMLProfile:    s.nvmlProfile,

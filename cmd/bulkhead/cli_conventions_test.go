@@ -15,7 +15,7 @@ import (
 var subcommands = [][]string{
 	nil, // bulkhead itself
 	{"version"},
-	{"mig"}, {"mig", "profiles"}, {"mig", "plan"}, {"mig", "simulate"},
+	{"mig"}, {"mig", "profiles"}, {"mig", "plan"}, {"mig", "simulate"}, {"mig", "discover"},
 	{"netpol"}, {"netpol", "endpoints"}, {"netpol", "stats"}, {"netpol", "stats", "TENANT"}, {"netpol", "gc"},
 	{"node"}, {"node", "status"}, {"node", "gc"},
 	{"policy"}, {"policy", "eval"}, {"policy", "test"}, {"policy", "verify"},

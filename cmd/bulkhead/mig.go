@@ -28,10 +28,14 @@ subcommands:
   plan --gpu MODEL [--gpus N] --request P,P  place slices on an empty node (exit 1 if they do not fit)
   simulate --gpu MODEL [--gpus N] --synthetic SEED | --trace FILE
                                             acceptance, fragmentation and utilisation per strategy
+  discover [--json]                         this node's GPUs through NVML, read only: the driver's
+                                            profiles and placements against the devices the DRA
+                                            driver publishes (exit 1 if they differ)
 
 models: ` + "h200, h100, a100-40gb, a100-80gb, b200" + `
 bulkhead mig <subcommand> --help lists a subcommand's flags.
-exit status: 0 done, 1 failure (plan: the requests do not fit), 2 usage error
+exit status: 0 done, 1 failure (plan: the requests do not fit; discover: a difference
+or no NVML), 2 usage error
 `
 
 func migMain(args []string, stdout, stderr io.Writer) int {
@@ -49,6 +53,8 @@ func migMain(args []string, stdout, stderr io.Writer) int {
 		return migPlan(args[1:], stdout, stderr)
 	case "simulate":
 		return migSimulate(args[1:], stdout, stderr)
+	case "discover":
+		return migDiscover(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "bulkhead mig: unknown subcommand %q\n%s", args[0], migUsage)
 	return exitUsage

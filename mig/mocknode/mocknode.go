@@ -290,7 +290,7 @@ func (n *Node) shapeByID(id uint32) *mig.Profile {
 
 func (n *Node) profileInfo(p *mig.Profile) nvml.GpuInstanceProfileInfo {
 	media := uint32(0)
-	if p.Media {
+	if p.MediaEngines {
 		media = 1
 	}
 	return nvml.GpuInstanceProfileInfo{

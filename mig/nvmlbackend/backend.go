@@ -168,8 +168,8 @@ func checkProfile(p *mig.Profile, info nvml.GpuInstanceProfileInfo, dev nvml.Dev
 		return fmt.Errorf("%w: %s: nvml reports %d slices x %d instances, hardware has %d x %d",
 			ErrGeometryMismatch, p.Name, info.SliceCount, info.InstanceCount, p.Compute, p.Instances)
 	}
-	if media := info.JpegCount > 0 && info.OfaCount > 0; media != p.Media {
-		return fmt.Errorf("%w: %s: nvml media engines %v, want %v", ErrGeometryMismatch, p.Name, media, p.Media)
+	if media := info.JpegCount > 0 && info.OfaCount > 0; media != p.MediaEngines {
+		return fmt.Errorf("%w: %s: nvml media engines %v, want %v", ErrGeometryMismatch, p.Name, media, p.MediaEngines)
 	}
 	placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
 	if ret != nvml.SUCCESS {
