@@ -9,6 +9,8 @@
 #   install.sh remove      uninstall, then stay running (the DaemonSet's
 #                          command during an uninstall, docs/install.md)
 #
+# Before it copies anything it checks that the host has what the host
+# binaries need (HOST_NEEDS; all four are static in `make images`' image).
 # The host's root file system is mounted at HOST_ROOT. Every host file is
 # replaced by rename, so a running shim or containerd never reads half a
 # file. containerd is restarted only when its configuration changed;
@@ -30,6 +32,13 @@ DROPIN=${DROPIN:-/etc/containerd/conf.d/bulkhead.toml}
 RESTART_CONTAINERD=${RESTART_CONTAINERD-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd}
 # CONTAINERD_VERSION_CMD prints `containerd --version` of the host.
 CONTAINERD_VERSION_CMD=${CONTAINERD_VERSION_CMD-nsenter --target 1 --mount -- containerd --version}
+# HOST_NEEDS is what each host binary needs of the host, written by
+# `make images` (deploy/image) next to the binaries: "NAME static", or
+# "NAME needs LIBRARY [VERSION...]" for a dynamically linked one. It is
+# checked before anything is copied.
+HOST_NEEDS=${HOST_NEEDS:-$BIN_SRC/host-needs}
+# Where the host's shared libraries are looked for, inside HOST_ROOT.
+HOST_LIB_DIRS=${HOST_LIB_DIRS:-/usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 /lib64 /usr/lib /lib}
 SYNC_SECONDS=${SYNC_SECONDS:-30}
 READY_FILE=${READY_FILE:-/tmp/bulkhead-ready}
 
@@ -146,6 +155,63 @@ ensure_import() {
 	rm -f "$tmp"
 }
 
+# host_lib LIBRARY prints the path, under HOST_ROOT, of the host's file of
+# a shared library, following its symlinks inside HOST_ROOT.
+host_lib() {
+	for d in $HOST_LIB_DIRS; do
+		p=$HOST_ROOT$d/$1
+		n=0
+		while [ -L "$p" ] && [ "$n" -lt 16 ]; do
+			t=$(readlink "$p")
+			case $t in
+			/*) p=$HOST_ROOT$t ;;
+			*) p=$(dirname "$p")/$t ;;
+			esac
+			n=$((n + 1))
+		done
+		if [ -f "$p" ]; then
+			echo "$p"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# check_host fails, naming everything missing, unless the host has every
+# library and symbol version (GLIBC_2.34, ...) that HOST_NEEDS lists.
+check_host() {
+	if [ ! -f "$HOST_NEEDS" ]; then
+		log "no $HOST_NEEDS: the host binaries' needs are not checked"
+		return 0
+	fi
+	missing=
+	dynamic=
+	while read -r name kind lib versions; do
+		case $name in '' | '#'*) continue ;; esac
+		case $kind in
+		static) continue ;;
+		needs) dynamic="$dynamic $name" ;;
+		*) die "$HOST_NEEDS: unknown line: $name $kind $lib" ;;
+		esac
+		if ! file=$(host_lib "$lib"); then
+			missing="$missing
+  $name needs $lib, which the host lacks (looked in $HOST_LIB_DIRS)"
+			continue
+		fi
+		for v in $versions; do
+			# Symbol versions are NUL-terminated strings of the library.
+			if ! tr '\000' '\n' <"$file" | grep -qx "$v"; then
+				missing="$missing
+  $name needs $v of $lib; the host's ${file#"$HOST_ROOT"} lacks it (an older release)"
+			fi
+		done
+	done <"$HOST_NEEDS"
+	[ -z "$missing" ] || die "this host cannot run Bulkhead's host binaries; nothing was installed:$missing"
+	if [ -n "$dynamic" ]; then
+		log "host libraries checked for:$dynamic"
+	fi
+}
+
 sync_files() {
 	put "$CONFIG_SRC" /etc/bulkhead/config.toml 0644
 	put "$POLICY_SRC/bundle.tar.gz" /etc/bulkhead/bundle.tar.gz 0644
@@ -154,6 +220,7 @@ sync_files() {
 
 install() {
 	[ -d "$HOST_ROOT" ] || die "HOST_ROOT $HOST_ROOT: not a directory (mount the host's / there)"
+	check_host
 	put "$BIN_SRC/$SHIM" "/usr/local/bin/$SHIM" 0755 >/dev/null
 	put "$BIN_SRC/runsc" /usr/local/bin/runsc 0755 >/dev/null
 	put "$BIN_SRC/$RUNC_SHIM" "/usr/local/bin/$RUNC_SHIM" 0755 >/dev/null
