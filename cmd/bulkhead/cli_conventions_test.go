@@ -18,7 +18,7 @@ var subcommands = [][]string{
 	{"mig"}, {"mig", "profiles"}, {"mig", "plan"}, {"mig", "simulate"}, {"mig", "discover"},
 	{"netpol"}, {"netpol", "endpoints"}, {"netpol", "stats"}, {"netpol", "stats", "TENANT"}, {"netpol", "gc"},
 	{"node"}, {"node", "status"}, {"node", "gc"},
-	{"policy"}, {"policy", "eval"}, {"policy", "test"}, {"policy", "verify"},
+	{"policy"}, {"policy", "eval"}, {"policy", "test"}, {"policy", "verify"}, {"policy", "audit"},
 }
 
 // runCLI runs bulkhead with args as main does, with a node configuration

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,7 +18,7 @@ import (
 
 func init() {
 	commands["policy"] = command{
-		summary: "policy bundles: eval, test, verify",
+		summary: "policy bundles: eval, test, verify, audit",
 		run:     policyMain,
 	}
 }
@@ -36,6 +37,9 @@ func policyUsage(w io.Writer) {
       run the bundle's Rego tests with line coverage; exit 0 pass, 1 fail
   bulkhead policy verify --bundle PATH --key PEM --key-id ID [--scope S]
       check a bundle's signature; exit 0 valid, 1 refused
+  bulkhead policy audit --bundle PATH [--data FILE] [--key PEM --key-id ID --scope S] [--kubeconfig FILE] [--json]
+      judge the cluster's running pods against the bundle, as the webhook would judge
+      them now; list those it would refuse; exit 0 none, 3 some, 1 error
 
 bulkhead policy <subcommand> --help lists a subcommand's flags; exit 2 is a usage error.
 `)
@@ -53,6 +57,8 @@ func policyMain(args []string, stdout, stderr io.Writer) int {
 		return policyTest(args[1:], stdout, stderr)
 	case "verify":
 		return policyVerify(args[1:], stdout, stderr)
+	case "audit":
+		return policyAudit(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		policyUsage(stdout)
 		return 0
@@ -62,51 +68,80 @@ func policyMain(args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
-func policyEval(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("policy eval", "--bundle PATH --input FILE [flags]", stderr)
-	bundlePath := fs.String("bundle", "", "bundle directory or .tar.gz (required)")
-	inputPath := fs.String("input", "", "input document, JSON (contract v1, docs/policy.md); - for stdin (required)")
-	dataPath := fs.String("data", "", "extra data JSON merged into the bundle's data, e.g. tenants")
-	key := fs.String("key", "", "PEM public key (file) to verify the bundle with; without it the bundle is NOT verified")
-	keyID := fs.String("key-id", "", "key id the bundle must be signed with (required with --key, refused without)")
-	scope := fs.String("scope", "", "scope the signature must carry (required with --key, refused without)")
-	decisionLog := fs.String("decision-log", "", "write the decision log line to FILE, or - for stdout")
-	evaluator := fs.String("evaluator", policy.EvaluatorPlan, "plan (OPA's compiled plan, interpreter as fallback) or topdown (OPA's interpreter)")
-	if rc := parseNoArgs(fs, args, stdout); rc >= 0 {
-		return rc
+// bundleFlags are the flags that open a bundle: eval's and audit's.
+type bundleFlags struct {
+	bundle, data, key, keyID, scope, evaluator *string
+}
+
+func addBundleFlags(fs *flag.FlagSet) bundleFlags {
+	return bundleFlags{
+		bundle:    fs.String("bundle", "", "bundle directory or .tar.gz (required)"),
+		data:      fs.String("data", "", "extra data JSON merged into the bundle's data, e.g. tenants"),
+		key:       fs.String("key", "", "PEM public key (file) to verify the bundle with; without it the bundle is NOT verified"),
+		keyID:     fs.String("key-id", "", "key id the bundle must be signed with (required with --key, refused without)"),
+		scope:     fs.String("scope", "", "scope the signature must carry (required with --key, refused without)"),
+		evaluator: fs.String("evaluator", policy.EvaluatorPlan, "plan (OPA's compiled plan, interpreter as fallback) or topdown (OPA's interpreter)"),
 	}
-	if *bundlePath == "" || *inputPath == "" {
-		return usageError(fs, "--bundle and --input are required")
+}
+
+// check returns the exit code of a usage error, or -1 to go on.
+func (b bundleFlags) check(fs *flag.FlagSet) int {
+	if *b.bundle == "" {
+		return usageError(fs, "--bundle is required")
 	}
 	// Without --key nothing is verified: a key id or scope given alone
 	// would read as a check that never happens.
-	if *key == "" && (*keyID != "" || *scope != "") {
+	if *b.key == "" && (*b.keyID != "" || *b.scope != "") {
 		return usageError(fs, "--key-id and --scope need --key (the public key to verify the bundle with); without --key the bundle is not verified")
 	}
-	if *key != "" && (*keyID == "" || *scope == "") {
+	if *b.key != "" && (*b.keyID == "" || *b.scope == "") {
 		return usageError(fs, "--key-id and --scope are required with --key")
 	}
-	if !policy.KnownEvaluator(*evaluator) {
-		return usageError(fs, "--evaluator %q: want %s or %s", *evaluator, policy.EvaluatorPlan, policy.EvaluatorTopdown)
+	if !policy.KnownEvaluator(*b.evaluator) {
+		return usageError(fs, "--evaluator %q: want %s or %s", *b.evaluator, policy.EvaluatorPlan, policy.EvaluatorTopdown)
+	}
+	return -1
+}
+
+// options are the policy.Options the flags give; cmd names the command in
+// the warning an unverified bundle gets.
+func (b bundleFlags) options(cmd string, stderr io.Writer) policy.Options {
+	opts := policy.Options{
+		BundlePath: *b.bundle,
+		DataPath:   *b.data,
+		Evaluator:  *b.evaluator,
+		Logger:     slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if *b.key != "" {
+		opts.Keys, opts.KeyID, opts.Scope = map[string]string{*b.keyID: *b.key}, *b.keyID, *b.scope
+	} else {
+		opts.InsecureSkipVerification = true
+		fmt.Fprintf(stderr, "bulkhead %s: WARNING: no --key given, the bundle's signature is NOT verified\n", cmd)
+	}
+	return opts
+}
+
+func policyEval(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("policy eval", "--bundle PATH --input FILE [flags]", stderr)
+	bf := addBundleFlags(fs)
+	inputPath := fs.String("input", "", "input document, JSON (contract v1, docs/policy.md); - for stdin (required)")
+	decisionLog := fs.String("decision-log", "", "write the decision log line to FILE, or - for stdout")
+	if rc := parseNoArgs(fs, args, stdout); rc >= 0 {
+		return rc
+	}
+	if *bf.bundle == "" || *inputPath == "" {
+		return usageError(fs, "--bundle and --input are required")
+	}
+	if rc := bf.check(fs); rc >= 0 {
+		return rc
 	}
 	in, err := readInput(*inputPath)
 	if err != nil {
 		fmt.Fprintln(stderr, "bulkhead policy eval:", err)
 		return exitError
 	}
-	opts := policy.Options{
-		BundlePath:      *bundlePath,
-		DataPath:        *dataPath,
-		DecisionLogFile: *decisionLog,
-		Evaluator:       *evaluator,
-		Logger:          slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}
-	if *key != "" {
-		opts.Keys, opts.KeyID, opts.Scope = map[string]string{*keyID: *key}, *keyID, *scope
-	} else {
-		opts.InsecureSkipVerification = true
-		fmt.Fprintln(stderr, "bulkhead policy eval: WARNING: no --key given, the bundle's signature is NOT verified")
-	}
+	opts := bf.options("policy eval", stderr)
+	opts.DecisionLogFile = *decisionLog
 	ctx := context.Background()
 	e, err := policy.Open(ctx, opts)
 	if err != nil {
