@@ -87,6 +87,16 @@ func newHostRoot(t *testing.T, config string) hostRoot {
 // run runs install.sh in mode against the fake host.
 func (h hostRoot) run(t *testing.T, mode string) string {
 	t.Helper()
+	out, err := h.command(t, mode).CombinedOutput()
+	if err != nil {
+		t.Fatalf("install.sh %s: %v\n%s", mode, err, out)
+	}
+	return string(out)
+}
+
+// command is install.sh in mode against the fake host, not started.
+func (h hostRoot) command(t *testing.T, mode string) *exec.Cmd {
+	t.Helper()
 	if _, err := exec.LookPath("sh"); err != nil {
 		t.Skip("no sh on PATH")
 	}
@@ -100,11 +110,7 @@ func (h hostRoot) run(t *testing.T, mode string) string {
 		"CONTAINERD_VERSION_CMD=echo containerd github.com/containerd/containerd/v2 v2.1.5",
 		"READY_FILE="+filepath.Join(h.src, "ready"),
 	)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("install.sh %s: %v\n%s", mode, err, out)
-	}
-	return string(out)
+	return cmd
 }
 
 func (h hostRoot) restartCount(t *testing.T) int {

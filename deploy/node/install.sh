@@ -41,6 +41,13 @@ HOST_NEEDS=${HOST_NEEDS:-$BIN_SRC/host-needs}
 HOST_LIB_DIRS=${HOST_LIB_DIRS:-/usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 /lib64 /usr/lib /lib}
 SYNC_SECONDS=${SYNC_SECONDS:-30}
 READY_FILE=${READY_FILE:-/tmp/bulkhead-ready}
+# GPU_NODE says whether this node is a GPU node, whose config.toml is
+# CONFIG_SRC with GPU_CONFIG_SRC ([mig] backend = "nvml", [dra]) appended:
+# "auto" where the NVIDIA driver is loaded (NVIDIA_DRIVER_PROC exists; the
+# kernel's /proc/driver is the same in every container), "true", "false".
+GPU_NODE=${GPU_NODE:-auto}
+GPU_CONFIG_SRC=${GPU_CONFIG_SRC:-/config/gpu.toml}
+NVIDIA_DRIVER_PROC=${NVIDIA_DRIVER_PROC:-/proc/driver/nvidia/version}
 
 RUNTIME_NAME=bulkhead
 RUNTIME_TYPE=io.containerd.bulkhead.v1
@@ -212,14 +219,45 @@ check_host() {
 	fi
 }
 
+# gpu_node reports whether this node gets the GPU configuration.
+gpu_node() {
+	case $GPU_NODE in
+	true) return 0 ;;
+	false) return 1 ;;
+	auto) [ -e "$NVIDIA_DRIVER_PROC" ] ;;
+	*) die "GPU_NODE=$GPU_NODE: want auto, true or false" ;;
+	esac
+}
+
+# node_config writes the node's config.toml into the file $1: CONFIG_SRC,
+# with GPU_CONFIG_SRC appended on a GPU node.
+node_config() {
+	if ! gpu_node; then
+		cp "$CONFIG_SRC" "$1"
+		return 0
+	fi
+	[ -f "$GPU_CONFIG_SRC" ] || die "$GPU_CONFIG_SRC: missing from the mounted ConfigMap (GPU_NODE=$GPU_NODE)"
+	{
+		cat "$CONFIG_SRC"
+		echo
+		cat "$GPU_CONFIG_SRC"
+	} >"$1"
+}
+
 sync_files() {
-	put "$CONFIG_SRC" /etc/bulkhead/config.toml 0644
+	config=$(mktemp)
+	node_config "$config"
+	put "$config" /etc/bulkhead/config.toml 0644
+	rm -f "$config"
 	put "$POLICY_SRC/bundle.tar.gz" /etc/bulkhead/bundle.tar.gz 0644
 	put "$POLICY_SRC/bundle.pem" /etc/bulkhead/keys/bundle.pem 0644
 }
 
 install() {
 	[ -d "$HOST_ROOT" ] || die "HOST_ROOT $HOST_ROOT: not a directory (mount the host's / there)"
+	if gpu_node; then
+		log "GPU node (GPU_NODE=$GPU_NODE): config.toml with $GPU_CONFIG_SRC appended"
+	fi
 	check_host
 	put "$BIN_SRC/$SHIM" "/usr/local/bin/$SHIM" 0755 >/dev/null
 	put "$BIN_SRC/runsc" /usr/local/bin/runsc 0755 >/dev/null
