@@ -283,6 +283,7 @@ func TestCluster(t *testing.T) {
 		t.Logf("$ bulkhead node status\n%s", status)
 	})
 
+	t.Run("11-audit-against-a-new-revision", func(t *testing.T) { testAudit(ctx, t, c) })
 	t.Run("7-traffic-matrix-across-nodes", func(t *testing.T) { testTrafficMatrix(ctx, t, c) })
 	t.Run("8-api-server-down-30s", func(t *testing.T) { testAPIServerOutage(ctx, t, c) })
 	t.Run("9-quota-burst-across-nodes", func(t *testing.T) { testQuotaBurst(ctx, t, c) })
