@@ -36,7 +36,7 @@ GO_RELEASE=$("$GO" env GOVERSION)
 # binaries DIR: every binary the images carry, into DIR. -trimpath and the
 # module cache make them independent of where the checkout and cache are.
 binaries() {
-	local dir=$1
+	local dir=$1 # absolute: GOBIN must be
 	mkdir -p "$dir"
 	echo "images: building the binaries with $GO_RELEASE into $dir"
 	# Static: the webhook, and the shims containerd runs on the host.
@@ -81,5 +81,5 @@ if [[ "${1:-}" == --check ]]; then
 	cat "$OUT/digests.txt"
 	exit 0
 fi
-binaries bin/images/bin
-images bin/images/bin "$OUT"
+binaries "$PWD/bin/images/bin"
+images "$PWD/bin/images/bin" "$OUT"
