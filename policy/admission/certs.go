@@ -2,6 +2,7 @@ package admission
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,12 +12,14 @@ import (
 	"time"
 )
 
-// CertReloader serves a TLS certificate from files and picks up a new one
-// without a restart: every handshake compares the files' identity (size,
-// modification time) with the pair it holds and reloads when they change.
-// Kubernetes updates a mounted Secret by swapping a symlink, so the
-// certificate and key change together; a half-written pair fails to load
-// and the previous certificate keeps being served.
+// CertReloader serves the webhook's TLS certificate and picks up a new one
+// without a restart. From files (NewCertReloader), every handshake compares
+// the files' identity (size, modification time) with the pair it holds and
+// reloads when they change. Kubernetes updates a mounted Secret by swapping
+// a symlink, so the certificate and key change together; a half-written
+// pair fails to load and the previous certificate keeps being served.
+// Without files (a Rotator's Certs), the pair is the one the rotator set
+// last, in memory.
 type CertReloader struct {
 	certFile, keyFile string
 	logger            *slog.Logger
@@ -64,6 +67,32 @@ func NewCertReloader(certFile, keyFile string, logger *slog.Logger) (*CertReload
 	return r, nil
 }
 
+// newMemoryCerts is a CertReloader without files: it serves what set gave
+// it, and nothing (a failed handshake) before the first set.
+func newMemoryCerts(logger *slog.Logger) *CertReloader {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &CertReloader{logger: logger}
+}
+
+// set serves pair from the next handshake on; pair.Leaf must be parsed.
+func (r *CertReloader) set(pair *tls.Certificate) {
+	r.mu.Lock()
+	r.cert, r.notAfter = pair, pair.Leaf.NotAfter
+	r.mu.Unlock()
+}
+
+// served is the leaf being served, nil before the first pair.
+func (r *CertReloader) served() *x509.Certificate {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.cert == nil {
+		return nil
+	}
+	return r.cert.Leaf
+}
+
 func (r *CertReloader) statFiles() (fileStamp, error) {
 	c, err := os.Stat(r.certFile)
 	if err != nil {
@@ -102,8 +131,12 @@ func (r *CertReloader) NotAfter() time.Time {
 }
 
 // Reload reloads the pair if its files changed. On failure the previous
-// pair stays in service and the error is returned.
+// pair stays in service and the error is returned. Without files it does
+// nothing.
 func (r *CertReloader) Reload() error {
+	if r.certFile == "" {
+		return nil
+	}
 	st, err := r.statFiles()
 	if err != nil {
 		return err
@@ -128,6 +161,9 @@ func (r *CertReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, e
 	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	if r.cert == nil {
+		return nil, errors.New("tls: no serving certificate yet")
+	}
 	return r.cert, nil
 }
 

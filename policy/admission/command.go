@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -24,8 +26,22 @@ type Config struct {
 	// ProbeListen, when set, also serves /healthz, /readyz and /metrics
 	// over plain HTTP for the kubelet and Prometheus.
 	ProbeListen string
-	// TLSCert and TLSKey are PEM files, reloaded when they change.
+	// TLSCert and TLSKey are PEM files, reloaded when they change (from
+	// cert-manager or gen-tls.sh). Exclusive with CertSecret.
 	TLSCert, TLSKey string
+	// CertSecret, as NAMESPACE/NAME, turns the certificate rotator on
+	// (Rotator): the webhook keeps its CA and serving certificate in that
+	// Secret and publishes the CA in WebhookConfig's caBundle.
+	CertSecret string
+	// WebhookConfig is the ValidatingWebhookConfiguration whose caBundle the
+	// rotator keeps; required with CertSecret.
+	WebhookConfig string
+	// CertService is the webhook's Service, in CertSecret's namespace,
+	// whose names (ServiceDNSNames) the rotated certificate carries.
+	CertService string
+	// CertLifetime and CALifetime are RotatorOptions.CertLifetime and
+	// CALifetime.
+	CertLifetime, CALifetime time.Duration
 	// Bundle, Key, KeyID, Scope, InsecureSkipVerification and Data are the
 	// policy engine's options (policy.Options).
 	Bundle                   string
@@ -86,8 +102,13 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.SetOutput(output)
 	fs.StringVar(&c.Listen, "listen", ":8443", "HTTPS address for /validate, /healthz, /readyz, /metrics")
 	fs.StringVar(&c.ProbeListen, "probe-listen", "", "plain HTTP address for /healthz, /readyz and /metrics only (empty: none)")
-	fs.StringVar(&c.TLSCert, "tls-cert", "", "serving certificate, PEM (required; reloaded when it changes)")
-	fs.StringVar(&c.TLSKey, "tls-key", "", "serving key, PEM (required; reloaded when it changes)")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "serving certificate, PEM, reloaded when it changes (required unless --cert-secret)")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "serving key, PEM, reloaded when it changes (required unless --cert-secret)")
+	fs.StringVar(&c.CertSecret, "cert-secret", "", "NAMESPACE/NAME of a Secret where the webhook keeps its own CA and serving certificate, renewed before expiry, and turns the rotator on (instead of --tls-cert/--tls-key; needs --webhook-config)")
+	fs.StringVar(&c.WebhookConfig, "webhook-config", "", "with --cert-secret, the ValidatingWebhookConfiguration whose webhooks' caBundle the rotator keeps to its CAs")
+	fs.StringVar(&c.CertService, "cert-service", DefaultCertService, "with --cert-secret, the webhook's Service in the Secret's namespace: the certificate names NAME.NAMESPACE.svc (what the API server dials) and its shorter forms")
+	fs.DurationVar(&c.CertLifetime, "cert-lifetime", DefaultCertLifetime, "with --cert-secret, the serving certificate's lifetime; renewed when a third is left")
+	fs.DurationVar(&c.CALifetime, "ca-lifetime", DefaultCALifetime, "with --cert-secret, the CA's lifetime (at least 3 × --cert-lifetime); renewed when a third is left, published in caBundle before it signs")
 	fs.StringVar(&c.Bundle, "bundle", "", "policy bundle, .tar.gz or directory (required)")
 	fs.StringVar(&c.Key, "key", "", "public key (PEM file) that signs the bundle")
 	fs.StringVar(&c.KeyID, "key-id", "", "key id the bundle's signature must name (required with --key)")
@@ -128,9 +149,10 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	if c.Version {
 		return c, nil
 	}
+	if err := c.checkCertFlags(fs); err != nil {
+		return c, err
+	}
 	switch {
-	case c.TLSCert == "" || c.TLSKey == "":
-		return c, errors.New("--tls-cert and --tls-key are required")
 	case c.Bundle == "":
 		return c, errors.New("--bundle is required")
 	case c.Key == "" && !c.InsecureSkipVerification:
@@ -164,6 +186,94 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	return c, nil
 }
 
+// DefaultCertService is the webhook's Service in deploy/webhook.
+const DefaultCertService = "bulkhead-webhook"
+
+// checkCertFlags checks the serving certificate's flags: files, or the
+// rotator with everything it needs, never both.
+func (c *Config) checkCertFlags(fs *flag.FlagSet) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if c.CertSecret == "" {
+		for _, name := range []string{"webhook-config", "cert-service", "cert-lifetime", "ca-lifetime"} {
+			if set[name] {
+				return fmt.Errorf("--%s needs --cert-secret (it configures the certificate rotator)", name)
+			}
+		}
+		if c.TLSCert == "" || c.TLSKey == "" {
+			return errors.New("--tls-cert and --tls-key are required (or --cert-secret for certificates the webhook rotates itself)")
+		}
+		return nil
+	}
+	if c.TLSCert != "" || c.TLSKey != "" {
+		return errors.New("--cert-secret and --tls-cert/--tls-key: choose one: the rotator's Secret, or files kept by cert-manager or gen-tls.sh")
+	}
+	if _, _, err := splitCertSecret(c.CertSecret); err != nil {
+		return err
+	}
+	if c.WebhookConfig == "" {
+		return errors.New("--webhook-config is required with --cert-secret: the ValidatingWebhookConfiguration whose caBundle the rotator keeps")
+	}
+	if errs := validation.IsDNS1123Subdomain(c.WebhookConfig); len(errs) > 0 {
+		return fmt.Errorf("--webhook-config %q: %s", c.WebhookConfig, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1035Label(c.CertService); len(errs) > 0 {
+		return fmt.Errorf("--cert-service %q: a Service name: %s", c.CertService, strings.Join(errs, "; "))
+	}
+	if c.CertLifetime < minCertLifetime {
+		return fmt.Errorf("--cert-lifetime %v: must be at least %v", c.CertLifetime, minCertLifetime)
+	}
+	if c.CALifetime < 3*c.CertLifetime {
+		return fmt.Errorf("--ca-lifetime %v: must be at least 3 × --cert-lifetime (%v), so that a new CA is published for a whole certificate lifetime before the old one expires", c.CALifetime, 3*c.CertLifetime)
+	}
+	return nil
+}
+
+// splitCertSecret reads --cert-secret's NAMESPACE/NAME.
+func splitCertSecret(v string) (namespace, name string, err error) {
+	namespace, name, ok := strings.Cut(v, "/")
+	if !ok || namespace == "" || name == "" {
+		return "", "", fmt.Errorf("--cert-secret %q: must be NAMESPACE/NAME", v)
+	}
+	if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
+		return "", "", fmt.Errorf("--cert-secret %q: namespace %q: %s", v, namespace, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return "", "", fmt.Errorf("--cert-secret %q: name %q: %s", v, name, strings.Join(errs, "; "))
+	}
+	return namespace, name, nil
+}
+
+// servingCerts is the certificate source the flags choose: files, or the
+// rotator, synced once so that there is a pair to serve (it fails when
+// there is none: RBAC, an unreachable API server) and then run until ctx
+// ends.
+func servingCerts(ctx context.Context, c Config, client kubernetes.Interface, logger *slog.Logger) (*CertReloader, error) {
+	if c.CertSecret == "" {
+		return NewCertReloader(c.TLSCert, c.TLSKey, logger)
+	}
+	namespace, name, err := splitCertSecret(c.CertSecret)
+	if err != nil {
+		return nil, err
+	}
+	rot, err := NewRotator(RotatorOptions{
+		Client: client, Namespace: namespace, Secret: name, WebhookConfig: c.WebhookConfig,
+		DNSNames: ServiceDNSNames(namespace, c.CertService), CertLifetime: c.CertLifetime, CALifetime: c.CALifetime,
+		Logger: logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := rot.Sync(ctx); err != nil {
+		if rot.Certs().served() == nil {
+			return nil, fmt.Errorf("certificate rotator: %w", err)
+		}
+		logger.Warn("certificate rotator: serving, but the caBundle is not published yet; retrying", "err", err)
+	}
+	go func() { _ = rot.Run(ctx) }()
+	return rot.Certs(), nil
+}
+
 // Run serves the webhook until ctx ends.
 func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 	opts := policy.Options{
@@ -191,7 +301,13 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 		}
 	}()
 
-	certs, err := NewCertReloader(c.TLSCert, c.TLSKey, logger)
+	var client kubernetes.Interface
+	if !c.NoUsage || c.CertSecret != "" {
+		if client, err = kubeClient(c.Kubeconfig); err != nil {
+			return err
+		}
+	}
+	certs, err := servingCerts(ctx, c, client, logger)
 	if err != nil {
 		return err
 	}
@@ -212,10 +328,6 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 	ready := func() error { return nil }
 	var ledger *QuotaLedger
 	if !c.NoUsage {
-		client, err := kubeClient(c.Kubeconfig)
-		if err != nil {
-			return err
-		}
 		cluster, err := NewCluster(client)
 		if err != nil {
 			return err
