@@ -1,9 +1,12 @@
 #!/bin/sh
 # Creates a CA and the webhook's serving certificate in deploy/tls/ for
 # `kubectl apply -k deploy/`. The certificate names the Service
-# bulkhead-webhook.bulkhead-system.svc, which the API server dials.
-# Re-run it (and re-apply) to rotate: the webhook reloads the files the
-# kubelet updates, without a restart. Needs openssl.
+# bulkhead-webhook.bulkhead-system.svc, which the API server dials. The
+# webhook serves it only with the certificate rotator off (--tls-cert and
+# --tls-key instead of --cert-secret; docs/install.md, "Webhook
+# certificates"); then put ca.crt in the caBundle yourself, and re-run this
+# (and re-apply) to rotate: the webhook reloads the files the kubelet
+# updates, without a restart. Needs openssl.
 #
 # It also creates a second CA, client-ca.crt, that only signs the API
 # server's client certificate for the webhook (apiserver-client.{crt,key},
