@@ -209,6 +209,7 @@ func (r *Rotator) Run(ctx context.Context) error {
 func (r *Rotator) Sync(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.observeTrust(ctx)
 	s, err := r.syncSecret(ctx)
 	if err != nil {
 		return err
@@ -368,6 +369,43 @@ func (r *Rotator) publish(ctx context.Context, bundle []byte) error {
 		}
 	}
 	return nil
+}
+
+// observeTrust reads the configuration and keeps trustedSince to the CAs
+// that every webhook's caBundle holds now: a CA someone (or a replica that
+// read an older Secret) took out starts its PropagationDelay over. A
+// configuration it cannot read changes nothing; publish reports why.
+func (r *Rotator) observeTrust(ctx context.Context) {
+	vwc, err := r.opts.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, r.opts.WebhookConfig, metav1.GetOptions{})
+	if err != nil || len(vwc.Webhooks) == 0 {
+		return
+	}
+	inAll := map[[32]byte]bool{}
+	for _, c := range parseCerts(vwc.Webhooks[0].ClientConfig.CABundle) {
+		inAll[fingerprint(c)] = true
+	}
+	for _, w := range vwc.Webhooks[1:] {
+		here := map[[32]byte]bool{}
+		for _, c := range parseCerts(w.ClientConfig.CABundle) {
+			here[fingerprint(c)] = true
+		}
+		for fp := range inAll {
+			if !here[fp] {
+				delete(inAll, fp)
+			}
+		}
+	}
+	now := r.now()
+	for fp := range r.trustedSince {
+		if !inAll[fp] {
+			delete(r.trustedSince, fp)
+		}
+	}
+	for fp := range inAll {
+		if _, ok := r.trustedSince[fp]; !ok {
+			r.trustedSince[fp] = now
+		}
+	}
 }
 
 // certState is the Secret's content, parsed. A part that is missing or does

@@ -438,6 +438,23 @@ func TestRotatorCALifecycle(t *testing.T) {
 	if !s2.leaf().Equal(s1.leaf()) {
 		t.Fatal("the certificate moved to the new CA before PropagationDelay")
 	}
+	// Someone (a replica that read the Secret before the new CA) puts the
+	// old bundle back: the delay starts over when the new CA returns.
+	vwc, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, rotConfig, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vwc.Webhooks[1].ClientConfig.CABundle = pemCert(s0.ca.Raw)
+	if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Update(ctx, vwc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(r.opts.PropagationDelay)
+	if !step().leaf().Equal(s1.leaf()) {
+		t.Fatal("the certificate moved to a CA that one webhook's caBundle lacked")
+	}
+	if n := len(bundleCAs()); n != 2 {
+		t.Fatalf("caBundle not published again: %d CAs", n)
+	}
 	clock.advance(r.opts.PropagationDelay)
 	s3 := step()
 	if s3.leaf().CheckSignatureFrom(s1.ca) != nil {
