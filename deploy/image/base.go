@@ -134,15 +134,22 @@ func LoadBase(lock Lock, debDir string, fetch bool) (Base, error) {
 	if err != nil {
 		return Base{}, err
 	}
-	if lock.BaseDigest != digest.String() {
-		pinned := lock.BaseDigest
-		if pinned == "" {
-			pinned = "none"
-		}
-		return Base{}, fmt.Errorf("base image digest %s, the lock pins %s: the pinned .debs gave another base "+
-			"(a change to deploy/image, or another Go release's gzip); if that is intended, set `base %s` in the lock", digest, pinned, digest)
+	if err := checkBaseDigest(lock.BaseDigest, digest); err != nil {
+		return Base{}, err
 	}
 	return base, nil
+}
+
+// checkBaseDigest refuses a base whose digest is not the pinned one.
+func checkBaseDigest(pinned string, got v1.Hash) error {
+	if pinned == got.String() {
+		return nil
+	}
+	if pinned == "" {
+		pinned = "none"
+	}
+	return fmt.Errorf("base image digest %s, the lock pins %s: the pinned .debs gave another base "+
+		"(a change to deploy/image, or another Go release's gzip); if that is intended, set `base %s` in the lock", got, pinned, got)
 }
 
 func aptDownload(d Deb, dir string) error {

@@ -105,9 +105,13 @@ func TestLoadBaseMatchesLock(t *testing.T) {
 		}
 	}
 	// Another pin is refused, naming both digests.
-	l.BaseDigest = "sha256:" + strings.Repeat("0", 64)
-	if _, err := LoadBase(l, debs, false); err == nil || !strings.Contains(err.Error(), "the lock pins sha256:000") {
-		t.Fatalf("LoadBase with another pinned digest: %v", err)
+	got, err := base.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkBaseDigest("sha256:"+strings.Repeat("0", 64), got); err == nil ||
+		!strings.Contains(err.Error(), "base image digest "+got.String()+", the lock pins sha256:000") {
+		t.Fatalf("another pinned digest: %v", err)
 	}
 	// So is a .deb that is not the pinned one.
 	l.Debs[0].SHA256 = strings.Repeat("1", 64)
