@@ -17,4 +17,7 @@
 //     a pod's reference meets the rules the pod would.
 //   - Review is a pure function of the request, the policy and the usage
 //     snapshot; the HTTP layer (Handler) only decodes, bounds and encodes.
+//   - With a Rotator, the serving certificate is renewed before it expires
+//     and is never signed by a CA the API server has not been given in
+//     caBundle first (rotate.go).
 package admission
