@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +33,10 @@ import (
 // DefaultAuditChunk is how many pods one LIST returns: the API server
 // serves a large cluster's pods in pages rather than one response.
 const DefaultAuditChunk = 500
+
+// DefaultAuditInterval is how often the webhook audits: a minute, as
+// Gatekeeper's audit, for one LIST of every pod in pages.
+const DefaultAuditInterval = time.Minute
 
 // DefaultAuditExcluded are the namespaces the shipped
 // ValidatingWebhookConfiguration does not send to the webhook, and so the
@@ -197,6 +202,17 @@ func NewAuditor(opts AuditOptions) (*Auditor, error) {
 		a.excluded[ns] = true
 	}
 	return a, nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	out := []string{}
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }
 
 // judged reports whether the audit judges p: a pod that has not finished

@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -183,5 +185,40 @@ func TestAuditKeepsTheLastReport(t *testing.T) {
 	last, ok := a.Last()
 	if !ok || last.Pods != 1 || last.Refused != 1 || last.Findings[0].Reasons[0].Rule != RulePolicyUndefined {
 		t.Errorf("last report %+v", last)
+	}
+}
+
+// The webhook's audit flags: an interval of 0 turns it off, anything
+// else under a second is refused by name; the exclusions are a list.
+func TestParseFlagsAudit(t *testing.T) {
+	base := []string{"--bundle=b", "--insecure-skip-verification", "--tls-cert=c", "--tls-key=k"}
+	for _, tc := range []struct {
+		args     []string
+		want     string // error substring; empty: accepted
+		interval time.Duration
+		excluded []string
+	}{
+		{nil, "", DefaultAuditInterval, DefaultAuditExcluded},
+		{[]string{"--audit-interval=0"}, "", 0, DefaultAuditExcluded},
+		{[]string{"--audit-interval=5m", "--audit-exclude-namespaces= ops, kube-system ,"}, "", 5 * time.Minute, []string{"ops", "kube-system"}},
+		{[]string{"--audit-exclude-namespaces="}, "", DefaultAuditInterval, []string{}},
+		{[]string{"--audit-interval=100ms"}, "--audit-interval 100ms: must be 0 (off) or at least 1s", 0, nil},
+		{[]string{"--audit-interval=-1s"}, "--audit-interval -1s", 0, nil},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			c, err := ParseFlags(append(append([]string{}, base...), tc.args...), io.Discard)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("error %v, want %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.AuditInterval != tc.interval || !slices.Equal(splitList(c.AuditExcluded), tc.excluded) {
+				t.Errorf("interval %v, excluded %q; want %v, %q", c.AuditInterval, splitList(c.AuditExcluded), tc.interval, tc.excluded)
+			}
+		})
 	}
 }

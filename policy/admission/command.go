@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
@@ -67,6 +68,13 @@ type Config struct {
 	QuotaNamespace string
 	// QuotaGrace is QuotaLedgerOptions.Grace.
 	QuotaGrace time.Duration
+	// AuditInterval is how often the running pods are judged against the
+	// bundle in force (audit.go); 0 turns the audit off. It needs the
+	// pod informer's client, so NoUsage turns it off too.
+	AuditInterval time.Duration
+	// AuditExcluded are the namespaces the audit leaves out, comma
+	// separated.
+	AuditExcluded string
 	// MaxBodyBytes bounds an AdmissionReview body.
 	MaxBodyBytes int64
 	// MaxBufferedBytes bounds the request bodies held in memory at once.
@@ -121,7 +129,9 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.IntVar(&c.MaxBundleFiles, "max-bundle-files", policy.DefaultMaxBundleFiles, "most files a policy bundle may hold")
 	fs.DurationVar(&c.BundlePoll, "bundle-poll", 10*time.Second, "how often to check the bundle for a new revision")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig outside a cluster (empty: in-cluster)")
-	fs.BoolVar(&c.NoUsage, "no-usage", false, "do not watch pods; quotas see zero usage")
+	fs.BoolVar(&c.NoUsage, "no-usage", false, "do not watch pods; quotas see zero usage (and no audit)")
+	fs.DurationVar(&c.AuditInterval, "audit-interval", DefaultAuditInterval, "how often to judge the running pods against the bundle in force and export what it would now refuse (bulkhead_audit_*); 0: no audit")
+	fs.StringVar(&c.AuditExcluded, "audit-exclude-namespaces", strings.Join(DefaultAuditExcluded, ","), "comma-separated namespaces the audit leaves out (those the ValidatingWebhookConfiguration's namespaceSelector leaves out)")
 	fs.StringVar(&c.QuotaNamespace, "quota-ledger-namespace", "bulkhead-system", "namespace of the tenants' quota ledgers (ConfigMaps updated with compare-and-swap, so that quotas hold across replicas); empty: count from the pod informer only (one replica)")
 	fs.DurationVar(&c.QuotaGrace, "quota-grace", DefaultQuotaGrace, "how long a quota reservation is kept for a pod that is not seen live (admitted but never created)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", DefaultMaxBodyBytes, "largest AdmissionReview body accepted")
@@ -173,6 +183,8 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 		return c, fmt.Errorf("--gc-percent %d: must be positive", c.GCPercent)
 	case c.QuotaGrace <= 0:
 		return c, fmt.Errorf("--quota-grace %v: must be positive", c.QuotaGrace)
+	case c.AuditInterval < 0 || (c.AuditInterval > 0 && c.AuditInterval < time.Second):
+		return c, fmt.Errorf("--audit-interval %v: must be 0 (off) or at least 1s", c.AuditInterval)
 	case len(c.ClientNames) > 0 && c.ClientCA == "":
 		return c, errors.New("--client-name needs --client-ca")
 	case c.ReadHeaderTimeout <= 0:
@@ -352,6 +364,24 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 				logger.Error("informers", "err", err)
 			}
 		}()
+		if c.AuditInterval > 0 {
+			auditor, err := NewAuditor(AuditOptions{
+				Decider: engine, Pods: APIPods{Client: client}, Handlers: cluster.Handlers, Claims: cluster.Claims,
+				Excluded: splitList(c.AuditExcluded), Logger: logger,
+			})
+			if err != nil {
+				return err
+			}
+			metrics.WatchAudit(auditor)
+			go func() {
+				// The handlers and claims the audit reads come from the
+				// informers: judge nothing before they have synced.
+				if !cache.WaitForCacheSync(ctx.Done(), func() bool { return cluster.Ready() == nil }) {
+					return
+				}
+				auditor.Loop(ctx, c.AuditInterval)
+			}()
+		}
 	}
 	reviewer, err := NewReviewer(reviewOpts)
 	if err != nil {
