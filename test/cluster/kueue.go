@@ -124,6 +124,20 @@ integrations:
 featureGates:
   # An aggregated API server of its own (pending workloads); not needed.
   VisibilityOnDemand: false
+# As Kueue's release manifests set them (config/components/manager/
+# controller_manager_config.yaml); the binary's defaults are one reconcile
+# at a time and 20 requests a second.
+controller:
+  groupKindConcurrency:
+    Pod: 5
+    Workload.kueue.x-k8s.io: 5
+    LocalQueue.kueue.x-k8s.io: 1
+    Cohort.kueue.x-k8s.io: 1
+    ClusterQueue.kueue.x-k8s.io: 1
+    ResourceFlavor.kueue.x-k8s.io: 1
+clientConnection:
+  qps: 50
+  burst: 100
 `))
 
 // StartKueue installs Kueue's CRDs, starts its manager, waits for it to be
