@@ -49,6 +49,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
@@ -267,6 +268,26 @@ func webhookFamilies(t *testing.T) []*dto.MetricFamily {
 	} {
 		req.Header.Set("Content-Type", "application/json")
 		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	// The audit's series appear once it has run: over one running pod
+	// that the bundle refuses (pod-runc.json's).
+	var review struct {
+		Request struct {
+			Object corev1.Pod `json:"object"`
+		} `json:"request"`
+	}
+	if err := json.Unmarshal(body, &review); err != nil {
+		t.Fatal(err)
+	}
+	running := review.Request.Object
+	running.Status.Phase = corev1.PodRunning
+	auditor, err := admission.NewAuditor(admission.AuditOptions{Decider: engine, Pods: admission.APIPods{Client: fake.NewSimpleClientset(&running)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.WatchAudit(auditor)
+	if rep, err := auditor.Run(context.Background()); err != nil || rep.Refused != 1 {
+		t.Fatalf("audit of pod-runc.json: %+v, %v", rep, err)
 	}
 	fams, err := m.Registry.Gather()
 	if err != nil {
@@ -708,6 +729,7 @@ func TestAlertRules(t *testing.T) {
 		"BulkheadWebhookCertificateExpiring/warning", "BulkheadWebhookCertificateExpiring/critical",
 		"BulkheadFenceNotLoaded/critical", "BulkheadDecisionErrors/warning", "BulkheadBundleStale/warning",
 		"BulkheadNodeAgentDown/critical", "BulkheadBundleReloadFailing/warning",
+		"BulkheadAuditRefusedPods/warning", "BulkheadAuditStale/warning",
 	} {
 		if !seen[want] {
 			t.Errorf("no alert %s", want)
