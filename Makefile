@@ -57,6 +57,14 @@ build-failpoints: ## Build the test agent that honours BULKHEAD_TEST_FAIL_AT, wi
 	@mkdir -p $(BIN)/failpoints
 	$(GO) build -ldflags "$(LDFLAGS)" -tags 'bulkhead_failpoints bulkhead_mockgpu' -o $(BIN)/failpoints/ ./cmd/bulkhead-agent
 
+.PHONY: images
+images: ## Build the webhook, node-agent and node-installer images reproducibly (pinned Go, pinned Debian base) into ./bin/images as OCI archives for `ctr images import`, and print their digests (docs/release.md).
+	GO=$(GO) VERSION=$(VERSION) COMMIT=$(COMMIT) LDFLAGS="$(LDFLAGS)" bash deploy/image/images.sh
+
+.PHONY: images-check
+images-check: ## make images twice, binaries included, into scratch directories: fail unless the digests and archives are the same (docs/release.md).
+	GO=$(GO) VERSION=$(VERSION) COMMIT=$(COMMIT) LDFLAGS="$(LDFLAGS)" bash deploy/image/images.sh --check
+
 .PHONY: deps
 deps: ## Install the Debian packages a node and the tests need (CNI plugins, busybox-static, iproute2, gcc, libseccomp-dev, pkg-config, etcd-server, nftables); root.
 	bash test/scripts/deps.sh
@@ -70,8 +78,15 @@ tools-bench: ## tools-node and the upstream shims containerd-shim-runc-v2 and co
 	GO=$(GO) bash test/scripts/tools.sh bench
 
 .PHONY: tools
-tools: ## Install the node tools of tools-node and Kubernetes (apiserver, kubelet, kube-proxy, ...) into TOOLS_DIR (cached; ~35 min cold on two idle cores): make test uses it.
+tools: ## Install the node tools of tools-node, Kubernetes (apiserver, kubelet, kube-proxy, ...) and Helm into TOOLS_DIR (cached; ~35 min cold on two idle cores): make test uses it.
 	GO=$(GO) bash test/scripts/tools.sh
+
+.PHONY: chart
+chart: tools ## Lint (--strict) and render the Helm chart deploy/chart/bulkhead with its default values, and package it into ./bin.
+	$(TOOLS_DIR)/bin/helm lint --strict deploy/chart/bulkhead
+	$(TOOLS_DIR)/bin/helm template bulkhead deploy/chart/bulkhead > /dev/null
+	@mkdir -p $(BIN)
+	$(TOOLS_DIR)/bin/helm package deploy/chart/bulkhead --destination $(BIN)
 
 .PHONY: test
 test: build build-failpoints tools ## Run every test: unit, Rego (with coverage gate), privileged and e2e (as root).
@@ -95,6 +110,11 @@ test-cluster: build tools ## Install Bulkhead from deploy/ on a private two-node
 .PHONY: bench-cluster
 bench-cluster: build tools ## Across nodes: how long after a pod of one node is Running the other node's fence holds its tenant, p50/p99 over a churn of 100 pods (root; a two-node cluster).
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -count=1 -v -timeout 30m -run '^$$' -bench BenchmarkRemotePropagation -benchtime 1x ./test/cluster/
+
+.PHONY: bench-quota
+bench-quota: build tools ## Cluster-wide quota: Bulkhead's ConfigMap ledger against Kueue (built from source by test/scripts/kueue.sh, cached) on the same burst of 20 creates over two nodes, quota 3, 5 rounds each (root; a two-node cluster).
+	GO=$(GO) TOOLS_DIR=$(TOOLS_DIR) bash test/scripts/kueue.sh
+	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -v -timeout 30m -run '^$$' -bench BenchmarkQuotaEngines -benchtime 1x ./test/cluster/
 
 .PHONY: test-unit
 test-unit: ## Run the unprivileged unit tests only (short mode).

@@ -3,17 +3,19 @@
 # runc), the upstream shims make bench-start compares Bulkhead's against
 # (containerd-shim-runc-v2 and gVisor's containerd-shim-runsc-v1), and the
 # Kubernetes components of test/cluster (kube-apiserver, kubelet,
-# kube-scheduler, kube-controller-manager, kube-proxy, kubectl) into
-# TOOLS_DIR with `go install` / `go build`. Each step is keyed by its
-# version in a stamp file, so a rerun with a warm cache costs nothing; a cold
-# run builds every tool from source and says how far it is.
+# kube-scheduler, kube-controller-manager, kube-proxy, kubectl) and Helm
+# (deploy/chart's lint and render tests) into TOOLS_DIR with `go install` /
+# `go build`. Each step is keyed by its version in a stamp file, so a rerun
+# with a warm cache costs nothing; a cold run builds every tool from source
+# and says how far it is.
 #
 # Usage: tools.sh [node|bench|all]. "node" installs what a local node needs
 # (make tools-node: the demo, the e2e tests, opa for building bundles);
 # "bench" adds the upstream shims, which only the benchmarks use (make
 # tools-bench); "all" (the default, make tools: make test and CI) adds
-# Kubernetes for test/cluster to "node", not the upstream shims, which no
-# test needs (test/node registers them only when they are installed).
+# Kubernetes for test/cluster and Helm for deploy/chart to "node", not the
+# upstream shims, which no test needs (test/node registers them only when
+# they are installed).
 set -euo pipefail
 
 GO=${GO:-go}
@@ -33,6 +35,8 @@ OPA_VERSION=${OPA_VERSION:-v1.22.4}
 # runc for the bulkhead-runc handler: built with seccomp (cgo, Debian's
 # libseccomp-dev), never Debian's older runc.
 RUNC_VERSION=${RUNC_VERSION:-v1.5.3}
+# Helm for deploy/chart (lint, template, package; make chart and make test).
+HELM_VERSION=${HELM_VERSION:-v4.3.2}
 # runsc must match the gVisor version of go.mod (the shim links the same library).
 GVISOR_VERSION=${GVISOR_VERSION:-$(cd "$(dirname "$0")/../.." && "${GO}" list -m -f '{{.Version}}' gvisor.dev/gvisor)}
 
@@ -40,9 +44,9 @@ mkdir -p "${TOOLS_DIR}/bin"
 export GOBIN="${TOOLS_DIR}/bin"
 export GOFLAGS="${GOFLAGS:-} -trimpath"
 
-TOOLS_TOTAL=5 # install_tool calls below, plus the upstream shims for "bench", plus build_kube for "all"
+TOOLS_TOTAL=5 # install_tool calls below, plus the upstream shims for "bench", plus helm and build_kube for "all"
 if [[ "${TOOLS_SET}" == bench ]]; then TOOLS_TOTAL=7; fi
-if [[ "${TOOLS_SET}" == all ]]; then TOOLS_TOTAL=6; fi
+if [[ "${TOOLS_SET}" == all ]]; then TOOLS_TOTAL=7; fi
 tool_n=0
 install_tool() { # name version cgo package...
 	local name=$1 version=$2 cgo=$3
@@ -92,6 +96,13 @@ if [[ "${TOOLS_SET}" == bench ]]; then
 	# the gVisor tier's start times where the shim may set its oom_score_adj
 	# (CAP_SYS_RESOURCE; docs/benchmarks.md).
 	install_tool containerd-shim-runsc-v1 "${GVISOR_VERSION}" 0 "gvisor.dev/gvisor/shim@${GVISOR_VERSION}"
+fi
+if [[ "${TOOLS_SET}" == all ]]; then
+	# The version is stamped as Helm's own release build stamps it (its
+	# Makefile's LDFLAGS); without it `helm version` says "v4.3".
+	install_tool helm "${HELM_VERSION}" 0 \
+		-ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=${HELM_VERSION}" \
+		"helm.sh/helm/v4/cmd/helm@${HELM_VERSION}"
 fi
 
 # Kubernetes of one release, built from the k8s.io/kubernetes module through
