@@ -456,10 +456,16 @@ func (in *Install) ShimConfig(dir, subnet, subnet6, pinDir string, clusterCIDRs 
 	if subnet6 != "" {
 		shared += fmt.Sprintf(", %q", netip.MustParsePrefix(subnet6).Masked().Addr().Next().String()+"/128")
 	}
-	migConfig := "[mig]\nbackend = \"none\"\n"
+	// Each node's CDI specs in its own directory, the one its containerd
+	// reads (story.go, node.Options.CDISpecDir): with the default
+	// /var/run/cdi the two nodes of one host shared it, and node-b's
+	// garbage collection removed node-a's claim specs, which no
+	// reservation of node-b's ledger held, before their pods started.
+	cdi := filepath.Join(dir, "cdi")
+	migConfig := fmt.Sprintf("[mig]\nbackend = \"none\"\ncdi_spec_dir = %q\n", cdi)
 	if gpus > 0 {
-		migConfig = fmt.Sprintf("[mig]\nbackend = \"mock\"\nmock_model = \"h200\"\nmock_gpus = %d\nmock_state = %q\n[dra]\nenabled = true\nregistrar_dir = %q\nplugin_dir = %q\n",
-			gpus, filepath.Join(dir, "mock-gpus.json"), filepath.Join(kubeletRoot, "plugins_registry"), filepath.Join(kubeletRoot, "plugins", "mig.bulkhead.dev"))
+		migConfig = fmt.Sprintf("[mig]\nbackend = \"mock\"\nmock_model = \"h200\"\nmock_gpus = %d\nmock_state = %q\ncdi_spec_dir = %q\n[dra]\nenabled = true\nregistrar_dir = %q\nplugin_dir = %q\n",
+			gpus, filepath.Join(dir, "mock-gpus.json"), cdi, filepath.Join(kubeletRoot, "plugins_registry"), filepath.Join(kubeletRoot, "plugins", "mig.bulkhead.dev"))
 	}
 	var cidrs []string
 	for _, c := range append(append([]string{}, clusterCIDRs...), ServiceCIDR, ServiceCIDR6) {

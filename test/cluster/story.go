@@ -163,7 +163,7 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 		// The node file's pipeline state (mock GPUs, decision log, fence
 		// lock) lives here; the agent opens it, it does not create it.
 		shimDir := filepath.Join(dir, name, "shim")
-		if err := os.MkdirAll(shimDir, 0o711); err != nil {
+		if err := os.MkdirAll(filepath.Join(shimDir, "cdi"), 0o711); err != nil {
 			in.Close()
 			_ = os.RemoveAll(dir)
 			return nil, nil, err
@@ -174,7 +174,7 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 			PinDir:  pinDir,
 			Node: node.Options{
 				BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d%c", id, 'a'+i), Subnet: subnet, Subnet6: subnet6,
-				Routed: true, PipelineEnabled: true,
+				Routed: true, PipelineEnabled: true, CDISpecDir: filepath.Join(shimDir, "cdi"),
 				ShimConfig: in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs, gpusOf[name], filepath.Join(dir, name, "kubelet")),
 			},
 		})

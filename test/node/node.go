@@ -84,6 +84,12 @@ type Options struct {
 	// netpol sections). It comes after every section Start writes, so it
 	// cannot add keys to them; [agent] is set by the Agent* fields.
 	ShimConfig string
+	// CDISpecDir, when set, is the only directory this node's containerd
+	// reads CDI specs from (the CRI's cdi_spec_dirs), instead of the host's
+	// /etc/cdi and /var/run/cdi: two nodes on one host must not see, or
+	// collect, each other's specs. ShimConfig's mig.cdi_spec_dir should
+	// name the same directory.
+	CDISpecDir string
 	// PipelineEnabled switches Bulkhead's placement pipeline; with it the
 	// node runs the agent, without which every sandbox create is refused.
 	PipelineEnabled bool
@@ -247,6 +253,10 @@ state = "{{.Dir}}/state"
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
   enable_selinux = false
+{{- if .CDISpecDir}}
+  enable_cdi = true
+  cdi_spec_dirs = ["{{.CDISpecDir}}"]
+{{- end}}
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "{{.Handler}}"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.Handler}}]
@@ -379,7 +389,7 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 		"RuncShim": runcShim, "RuncHandler": RuncHandler, "Runc": runc,
 		"UpstreamRuncShim": upstreamRuncShim, "UpstreamRuncHandler": UpstreamRuncHandler,
 		"UpstreamRunscShim": upstreamRunscShim, "UpstreamRunscHandler": UpstreamRunscHandler,
-		"UpstreamRunscConfig": upstreamRunscConfig,
+		"UpstreamRunscConfig": upstreamRunscConfig, "CDISpecDir": opts.CDISpecDir,
 	}
 	if err := writeTemplate(filepath.Join(opts.Dir, "containerd.toml"), containerdConfig, data); err != nil {
 		return nil, err
