@@ -57,18 +57,12 @@ func policyAudit(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	defer e.Close()
-	excluded := []string{}
-	for _, ns := range strings.Split(*exclude, ",") {
-		if ns = strings.TrimSpace(ns); ns != "" {
-			excluded = append(excluded, ns)
-		}
-	}
 	a, err := admission.NewAuditor(admission.AuditOptions{
 		Decider:  e,
 		Pods:     admission.APIPods{Client: client},
 		Handlers: admission.APIHandlers{Client: client},
 		Claims:   admission.APIClaims{Client: client},
-		Excluded: excluded,
+		Excluded: admission.SplitList(*exclude),
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "bulkhead policy audit:", err)

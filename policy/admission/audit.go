@@ -204,8 +204,9 @@ func NewAuditor(opts AuditOptions) (*Auditor, error) {
 	return a, nil
 }
 
-// splitList splits a comma-separated flag value, dropping empty items.
-func splitList(v string) []string {
+// SplitList splits a comma-separated flag value (--audit-exclude-namespaces,
+// the CLI's --exclude-namespaces), dropping empty items.
+func SplitList(v string) []string {
 	out := []string{}
 	for _, item := range strings.Split(v, ",") {
 		if item = strings.TrimSpace(item); item != "" {

@@ -216,8 +216,8 @@ func TestParseFlagsAudit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.AuditInterval != tc.interval || !slices.Equal(splitList(c.AuditExcluded), tc.excluded) {
-				t.Errorf("interval %v, excluded %q; want %v, %q", c.AuditInterval, splitList(c.AuditExcluded), tc.interval, tc.excluded)
+			if c.AuditInterval != tc.interval || !slices.Equal(SplitList(c.AuditExcluded), tc.excluded) {
+				t.Errorf("interval %v, excluded %q; want %v, %q", c.AuditInterval, SplitList(c.AuditExcluded), tc.interval, tc.excluded)
 			}
 		})
 	}

@@ -367,7 +367,7 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 		if c.AuditInterval > 0 {
 			auditor, err := NewAuditor(AuditOptions{
 				Decider: engine, Pods: APIPods{Client: client}, Handlers: cluster.Handlers, Claims: cluster.Claims,
-				Excluded: splitList(c.AuditExcluded), Logger: logger,
+				Excluded: SplitList(c.AuditExcluded), Logger: logger,
 			})
 			if err != nil {
 				return err
