@@ -71,9 +71,6 @@ func Reasons() []Reason {
 	return out
 }
 
-// reasonBits is how far the tenant id is shifted in a drop counter key.
-const reasonBits = 4
-
 // Endpoint flags, stored in endpointValue.Flags and in owner.Flags.
 const (
 	flagRDMA             = 1 << 0
@@ -126,7 +123,8 @@ const (
 	maxEndpoints = 1 << 17
 	maxPrefixes  = 1 << 17
 	maxNames     = 1 << 16
-	maxCounters  = 1 << 16
+	// maxCounters has room for 16 reasons of every tenant.
+	maxCounters = maxNames * 16
 	// nameLen bounds tenant and tier names (and so map keys).
 	nameLen = 64
 	// sandboxLen bounds sandbox ids kept in the endpoint map.
@@ -195,6 +193,13 @@ type (
 	}
 )
 
+// dropKey is the key of the drop counters (layout 2; layout 1 packed both
+// in one word, tenant<<4|reason).
+type dropKey struct {
+	Tenant uint32
+	Reason uint32
+}
+
 // nameKey is the key of the tenant and tier name maps.
 type nameKey [nameLen]byte
 
@@ -227,7 +232,7 @@ func mapSpecs(pin bool) map[string]*ebpf.MapSpec {
 		lpm(mapEgressV6, 24, 1),
 		lpm(mapClusterV4, 8, 1),
 		lpm(mapClusterV6, 20, 1),
-		{Name: mapDrops, Type: ebpf.PerCPUHash, KeySize: 4, ValueSize: 8, MaxEntries: maxCounters,
+		{Name: mapDrops, Type: ebpf.PerCPUHash, KeySize: 8, ValueSize: 8, MaxEntries: maxCounters,
 			Flags: flagNoPrealloc, Pinning: pinning},
 		{Name: mapTenantIDs, Type: ebpf.Hash, KeySize: nameLen, ValueSize: 4, MaxEntries: maxNames, Pinning: pinning},
 		{Name: mapTierIDs, Type: ebpf.Hash, KeySize: nameLen, ValueSize: 4, MaxEntries: 256, Pinning: pinning},
@@ -300,8 +305,10 @@ const (
 
 // Stack slots (offsets from R10).
 const (
-	stIfindex = -4  // u32 ifindex, the endpoints key
-	stDropKey = -8  // u32 drop counter key
+	stIfindex = -4 // u32 ifindex, the endpoints key
+	// stDropKey is the drop counter key (dropKey: tenant, then reason). The
+	// drop path ends the program, so it may reuse the ifindex's slot.
+	stDropKey = -8
 	stDropVal = -16 // u64 initial counter value
 	stKeyV4   = -32 // 12-byte v4 LPM key
 	stPeerV6  = -48 // 16-byte saved IPv6 peer
@@ -1131,9 +1138,8 @@ func (p *prog) epilogue() {
 	p.at("drop")
 	p.emit(
 		asm.LoadMem(asm.R1, asm.R7, epTenant, asm.Word),
-		asm.LSh.Imm32(asm.R1, reasonBits),
-		asm.Or.Reg32(asm.R1, asm.R8),
 		asm.StoreMem(asm.RFP, stDropKey, asm.R1, asm.Word),
+		asm.StoreMem(asm.RFP, stDropKey+4, asm.R8, asm.Word),
 	)
 	p.lookup(mapDrops, stDropKey)
 	p.emit(

@@ -53,7 +53,7 @@ const (
 func loadFixture(t testing.TB) *datapath {
 	t.Helper()
 	requireBPF(t)
-	d, err := loadDatapath("")
+	d, _, err := loadDatapath("")
 	if err != nil {
 		t.Fatal(err)
 	}

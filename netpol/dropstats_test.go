@@ -34,7 +34,7 @@ func TestDropStats(t *testing.T) {
 		perCPU[i] = uint64(i + 1)
 		want += uint64(i + 1)
 	}
-	if err := m.dp.drops.Put(red<<reasonBits|uint32(ReasonEgress), perCPU); err != nil {
+	if err := m.dp.drops.Put(dropKey{Tenant: red, Reason: uint32(ReasonEgress)}, perCPU); err != nil {
 		t.Fatal(err)
 	}
 

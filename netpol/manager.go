@@ -93,6 +93,8 @@ type Manager struct {
 	mu       sync.Mutex
 	lockFile *os.File
 	dp       *datapath
+	// migration is what Open did to a fence an older release pinned.
+	migration *Migration
 }
 
 func (o *Options) setDefaults() {
@@ -169,11 +171,11 @@ func Open(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	m := &Manager{opts: opts, lockFile: lf}
 	err = m.locked(ctx, func() error {
-		dp, err := loadDatapath(opts.PinDir)
+		dp, mig, err := loadDatapath(opts.PinDir)
 		if err != nil {
 			return err
 		}
-		m.dp = dp
+		m.dp, m.migration = dp, mig
 		if opts.Cluster != nil {
 			return m.configure(opts.Cluster)
 		}
@@ -188,6 +190,10 @@ func Open(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	return m, nil
 }
+
+// Migration returns what Open did to migrate a fence pinned by an older
+// release to this build's layout, or nil when it did nothing.
+func (m *Manager) Migration() *Migration { return m.migration }
 
 // Close releases this process's handles. Pins, and so enforcement, stay.
 func (m *Manager) Close() error {
@@ -313,8 +319,8 @@ func (m *Manager) configure(c *ClusterConfig) error {
 	return nil
 }
 
-// maxTenantID keeps tenant<<reasonBits|reason within 32 bits.
-const maxTenantID = 1<<(32-reasonBits) - 1
+// maxTenantID is the largest tenant id: one per name the ids map holds.
+const maxTenantID = maxNames
 
 // Register fences the endpoint: it records the pod's tenant, addresses and
 // policy, then attaches the programs to the host-side veth. When Register

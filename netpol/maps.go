@@ -34,17 +34,45 @@ type datapath struct {
 // loadDatapath creates the maps, or reuses those pinned in pinDir when pinDir
 // is not empty, and loads the programs, reusing pinned ones that were built
 // from the same instructions against the same maps: every shim on the node
-// then shares one pair of programs.
-func loadDatapath(pinDir string) (*datapath, error) {
+// then shares one pair of programs. A fence an older release pinned is
+// migrated to this build's layout first (migrateLayout); the Migration says
+// what was done, nil when nothing was. The caller holds the node lock.
+func loadDatapath(pinDir string) (*datapath, *Migration, error) {
+	if pinDir == "" {
+		d, err := newDatapath("", nil)
+		return d, nil, err
+	}
+	mig, err := migrateLayout(pinDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := newDatapath(pinDir, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	if mig == nil {
+		// A fence pinned for the first time, or already this layout.
+		if err := writeLayout(pinDir, layoutVersion); err != nil {
+			d.close()
+			return nil, nil, err
+		}
+	}
+	return d, mig, nil
+}
+
+// newDatapath loads the maps and programs, with replace's maps in place of
+// those of the same names (neither loaded nor pinned).
+func newDatapath(pinDir string, replace map[string]*ebpf.Map) (*datapath, error) {
 	spec := collectionSpec(pinDir != "")
 	progs := spec.Programs
 	spec.Programs = nil
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: pinDir},
+		Maps:            ebpf.MapOptions{PinPath: pinDir},
+		MapReplacements: replace,
 	})
 	if err != nil {
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("maps pinned in %s are from another Bulkhead version (remove them to migrate): %w", pinDir, err)
+			return nil, fmt.Errorf("maps pinned in %s do not match layout %d of this build, and no migration knows them (drain the node and remove them): %w", pinDir, layoutVersion, err)
 		}
 		return nil, fmt.Errorf("load fence maps: %w", err)
 	}
@@ -561,7 +589,7 @@ func (d *datapath) dropCounts(tenant uint32) (map[Reason]uint64, error) {
 	out := make(map[Reason]uint64, numReasons)
 	for r := range numReasons {
 		var perCPU []uint64
-		err := d.drops.Lookup(tenant<<reasonBits|uint32(r), &perCPU)
+		err := d.drops.Lookup(dropKey{Tenant: tenant, Reason: uint32(r)}, &perCPU)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			out[r] = 0
 			continue

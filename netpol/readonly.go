@@ -37,6 +37,13 @@ func OpenReadOnly(pinDir string) (*Reader, error) {
 	if err := requireBPFFS(pinDir); err != nil {
 		return nil, err
 	}
+	// A Reader never migrates: the node agent does when it starts.
+	switch v, err := pinnedLayout(pinDir); {
+	case err != nil:
+		return nil, fmt.Errorf("netpol: %s: %w", pinDir, err)
+	case v != layoutVersion:
+		return nil, fmt.Errorf("netpol: %s holds a fence of layout %d, this build reads layout %d (the node agent of this release migrates it when it starts)", pinDir, v, layoutVersion)
+	}
 	maps := map[string]*ebpf.Map{}
 	closeAll := func() {
 		for _, m := range maps {

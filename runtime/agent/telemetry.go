@@ -76,6 +76,10 @@ func (a *Agent) openPipeline(ctx context.Context) (*runtime.Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
+	if f := n.Fence(); f != nil && f.Migration() != nil {
+		// An upgrade over running pods of an older release.
+		log.G(ctx).Infof("bulkhead-agent: %s: %s", a.cfg.Netpol.PinDir, f.Migration())
+	}
 	a.engine = eng
 	a.bundle.set(eng.Revision(), nil)
 	a.metrics.BundleLoaded(eng.Revision(), time.Now())
