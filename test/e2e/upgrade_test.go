@@ -82,7 +82,7 @@ func TestUpgradeInPlace(t *testing.T) {
 		t.Fatalf("this tree's agent reports %q, the same as the previous release's: the test would upgrade to itself (make build)", cur.version)
 	}
 
-	un := startUpgradeNode(t, old, withRunc)
+	un := startUpgradeNode(t, old)
 	pn := un.pipelineNode
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -92,19 +92,19 @@ func TestUpgradeInPlace(t *testing.T) {
 	// when the runc tier is built platform (trusted) on runc with a MIG
 	// slice of the mock H200.
 	server := "exec netprobe serve tcp:8080 udp:9090"
-	gpuPod := &upPod{name: "r1", tenant: "research", handler: node.Handler, annotations: map[string]string{policy.AnnotationGPUProfile: "1g.18gb"}}
+	gpu := func(profile string) map[string]string { return map[string]string{policy.AnnotationGPUProfile: profile} }
 	pods := []*upPod{
 		{name: "a1", tenant: "agents", handler: node.Handler},
 		{name: "a2", tenant: "agents", handler: node.Handler},
-		gpuPod,
+		{name: "r1", tenant: "research", handler: node.Handler, annotations: gpu("1g.18gb")},
 	}
 	if withRunc {
 		// One GPU: the research pod goes without, and the MIG slice is
 		// the reservation the upgrade must keep.
-		gpuPod.annotations = nil
-		gpuPod = &upPod{name: "p1", tenant: "platform", handler: node.RuncHandler, annotations: map[string]string{policy.AnnotationGPUProfile: "3g.71gb"}}
-		pods = append(pods, gpuPod)
+		pods[2].annotations = nil
+		pods = append(pods, &upPod{name: "p1", tenant: "platform", handler: node.RuncHandler, annotations: gpu("3g.71gb")})
 	}
+	gpuPod := pods[len(pods)-1]
 	for _, p := range pods {
 		p.start(ctx, t, pn, server)
 	}
@@ -449,7 +449,7 @@ type upgradeNode struct {
 
 // startUpgradeNode starts a pipeline node (the e2e tenants, one mock H200,
 // the fence) running rel's shims and agent.
-func startUpgradeNode(t *testing.T, rel release, withRunc bool) *upgradeNode {
+func startUpgradeNode(t *testing.T, rel release) *upgradeNode {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	bundle, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", "..", "rego"))
