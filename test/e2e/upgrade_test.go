@@ -142,7 +142,7 @@ func TestUpgradeInPlace(t *testing.T) {
 	if withRunc && len(statusBefore.Instances) != 1 {
 		t.Fatalf("the previous release reports MIG instances %+v, want the platform pod's one", statusBefore.Instances)
 	}
-	dropsBefore := un.drops(ctx, t, old)
+	dropsBefore := un.drops(ctx, t, old, pods)
 	pinsBefore := readPins(t, un.pinDir)
 	if pinsBefore.layout != 0 || pinsBefore.maps["drops"].keySize != 4 {
 		t.Fatalf("the previous release pinned layout map %d and drop keys of %d bytes, want none and 4 (layout 1): is %s really the previous release?",
@@ -233,7 +233,7 @@ func TestUpgradeInPlace(t *testing.T) {
 	if got, want := endpointIDs(statusAfter.Endpoints), endpointIDs(statusBefore.Endpoints); !slices.Equal(got, want) {
 		t.Errorf("fenced endpoints after the upgrade %v, want %v", got, want)
 	}
-	dropsAfter := un.drops(ctx, t, cur)
+	dropsAfter := un.drops(ctx, t, cur, pods)
 	for tenant, counts := range dropsBefore {
 		for reason, n := range counts {
 			if dropsAfter[tenant][reason] < n {
@@ -584,12 +584,16 @@ func (un *upgradeNode) reservation(ctx context.Context, t *testing.T, rel releas
 	return nil
 }
 
-// drops is every e2e tenant's drop counters by reason, as rel's CLI reads
-// them from the pinned fence.
-func (un *upgradeNode) drops(ctx context.Context, t *testing.T, rel release) map[string]map[string]uint64 {
+// drops is the drop counters by reason of the pods' tenants, as rel's CLI
+// reads them from the pinned fence (which names only tenants it fenced).
+func (un *upgradeNode) drops(ctx context.Context, t *testing.T, rel release, pods []*upPod) map[string]map[string]uint64 {
 	t.Helper()
 	all := map[string]map[string]uint64{}
-	for _, tenant := range []string{"agents", "research", "platform"} {
+	for _, p := range pods {
+		tenant := p.tenant
+		if all[tenant] != nil {
+			continue
+		}
 		out, err := exec.CommandContext(ctx, rel.cli, "netpol", "-pin-dir", un.pinDir, "stats", tenant).Output()
 		if err != nil {
 			t.Fatalf("%s: bulkhead netpol stats %s: %v", rel.name, tenant, errWithStderr(err))
