@@ -88,8 +88,13 @@ chart: tools ## Lint (--strict) and render the Helm chart deploy/chart/bulkhead 
 	@mkdir -p $(BIN)
 	$(TOOLS_DIR)/bin/helm package deploy/chart/bulkhead --destination $(BIN)
 
+.PHONY: previous-release
+previous-release: ## Build the previous release's shims, agent and CLI (commit in test/e2e/testdata/previous-release) for the upgrade test, cached by commit in TOOLS_DIR/prev (~1 min cold).
+	@# Exit status 3: a shallow clone lacks the commit; the upgrade test skips, naming it.
+	GO=$(GO) TOOLS_DIR=$(TOOLS_DIR) bash test/scripts/previous-release.sh >/dev/null || [ $$? -eq 3 ]
+
 .PHONY: test
-test: build build-failpoints tools ## Run every test: unit, Rego (with coverage gate), privileged and e2e (as root).
+test: build build-failpoints tools previous-release ## Run every test: unit, Rego (with coverage gate), privileged and e2e (as root).
 	@# Full verbose output goes to .test.log; the console shows each test's result and any failure.
 	PATH=$(TOOLS_DIR)/bin:$$PATH BULKHEAD_BIN=$(BIN) $(GO) test -v -count=1 -timeout 30m ./... > $(CURDIR)/.test.log 2>&1; rc=$$?; \
 	grep -E '^(--- (PASS|FAIL|SKIP)|ok |FAIL|panic:|\s+--- (PASS|FAIL|SKIP)|\s+[a-z_]+_test\.go:[0-9]+:)' $(CURDIR)/.test.log; \

@@ -18,9 +18,10 @@
 # ${TOOLS_DIR:-~/.cache/bulkhead/tools}/prev/<commit>/bin, keyed by the
 # commit: a warm run prints the directory and builds nothing.
 #
-# Exit status 1, saying what to do, when the commit is not in this clone: a
-# shallow clone (CI's default) lacks it. The test fails then rather than
-# skipping, so that a CI run cannot pass without upgrading.
+# Exit status 3, saying what to do, when the commit is missing from a
+# shallow clone (the upgrade test then skips, naming it: .ci/run fetches the
+# full history first); 1 when a full clone lacks it (a wrong commit) or the
+# build fails, which fails the test.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,11 +33,13 @@ if [[ ! "${commit}" =~ ^[0-9a-f]{40}$ ]]; then
 	exit 1
 fi
 if ! git -C "${root}" cat-file -e "${commit}^{commit}" 2>/dev/null; then
-	shallow=
 	if [[ "$(git -C "${root}" rev-parse --is-shallow-repository 2>/dev/null)" == true ]]; then
-		shallow=" (this clone is shallow)"
+		# A missing prerequisite, as a missing kernel feature is: the test
+		# skips, naming it. .ci/run fetches the full history first.
+		echo "previous-release: commit ${commit}, the previous release the upgrade test starts from, is not in this shallow clone: fetch full history (git fetch --unshallow, or git fetch origin ${commit}) and run again" >&2
+		exit 3
 	fi
-	echo "previous-release: commit ${commit}, the previous release the upgrade test starts from, is not in this clone${shallow}: fetch full history (git fetch --unshallow, or git fetch origin ${commit}) and run again" >&2
+	echo "previous-release: commit ${commit}, the previous release the upgrade test starts from, is not in this repository's history: ${from:-${record}} names a wrong commit" >&2
 	exit 1
 fi
 
