@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"time"
 
@@ -104,8 +103,9 @@ func openFence(ctx context.Context, cfg config.Config) (*netpol.Manager, error) 
 	if !cfg.Netpol.Enabled {
 		return nil, nil
 	}
+	// netpol's errors name it already.
 	if err := netpol.MountBPFFS(filepath.Dir(cfg.Netpol.PinDir)); err != nil {
-		return nil, fmt.Errorf("netpol: %w", err)
+		return nil, err
 	}
 	nopts := netpol.Options{PinDir: cfg.Netpol.PinDir, LockPath: cfg.Netpol.LockPath}
 	if len(cfg.Netpol.ClusterCIDRs) > 0 || len(cfg.Netpol.SharedServices) > 0 {
@@ -115,11 +115,7 @@ func openFence(ctx context.Context, cfg config.Config) (*netpol.Manager, error) 
 		}
 		nopts.Cluster = &netpol.ClusterConfig{ClusterCIDRs: cluster, SharedServices: shared}
 	}
-	fence, err := netpol.Open(ctx, nopts)
-	if err != nil {
-		return nil, fmt.Errorf("netpol: %w", err)
-	}
-	return fence, nil
+	return netpol.Open(ctx, nopts)
 }
 
 // Close closes the fence's handles; its pinned maps and programs stay, and
