@@ -61,10 +61,11 @@ func webhookRules(t *testing.T, tr *tree, sa, saNamespace string) []boundRule {
 }
 
 // TestWebhookCertRotationRights: the Deployment turns the certificate
-// rotator on, and the webhook's RBAC lets it read and update its one
-// Secret and its one ValidatingWebhookConfiguration, by name, and nothing
-// more. Create on Secrets is the exception RBAC forces (no name to match
-// at create); it is held to the Secret's namespace.
+// rotator on, and the webhook's RBAC lets it read, watch and update its one
+// Secret and its one ValidatingWebhookConfiguration, by name (its list and
+// watch select the name, which RBAC matches), and nothing more. Create on
+// Secrets is the exception RBAC forces (no name to match at create); it is
+// held to the Secret's namespace.
 func TestWebhookCertRotationRights(t *testing.T) {
 	tr := loadTree(t)
 	dep := mustFind[*appsv1.Deployment](t, tr, "bulkhead-webhook")
@@ -109,9 +110,13 @@ func TestWebhookCertRotationRights(t *testing.T) {
 	}
 	for _, need := range []struct{ group, resource, verb, name, ns string }{
 		{"", "secrets", "get", secretName, secretNS},
+		{"", "secrets", "list", secretName, secretNS},
+		{"", "secrets", "watch", secretName, secretNS},
 		{"", "secrets", "update", secretName, secretNS},
 		{"", "secrets", "create", secretName, secretNS},
 		{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "get", cfg.WebhookConfig, ""},
+		{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "list", cfg.WebhookConfig, ""},
+		{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "watch", cfg.WebhookConfig, ""},
 		{"admissionregistration.k8s.io", "validatingwebhookconfigurations", "update", cfg.WebhookConfig, ""},
 	} {
 		if !allowed(need.group, need.resource, need.verb, need.name, need.ns) {
@@ -144,8 +149,8 @@ func TestWebhookCertRotationRights(t *testing.T) {
 				t.Errorf("%s grants %v on %s to any name (resourceNames %v); want only %q", b.role, r.Verbs, res, r.ResourceNames, want)
 			}
 			for _, v := range r.Verbs {
-				if v != "get" && v != "update" {
-					t.Errorf("%s grants %s on %s; the rotator only reads and updates", b.role, v, res)
+				if !slices.Contains([]string{"get", "list", "watch", "update"}, v) {
+					t.Errorf("%s grants %s on %s; the rotator only reads, watches and updates", b.role, v, res)
 				}
 			}
 		}
