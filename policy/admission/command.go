@@ -257,16 +257,17 @@ func splitCertSecret(v string) (namespace, name string, err error) {
 }
 
 // servingCerts is the certificate source the flags choose: files, or the
-// rotator, synced once so that there is a pair to serve (it fails when
-// there is none: RBAC, an unreachable API server) and then run until ctx
-// ends.
-func servingCerts(ctx context.Context, c Config, client kubernetes.Interface, logger *slog.Logger) (*CertReloader, error) {
+// rotator (returned too), synced once so that there is a pair to serve (it
+// fails when there is none: RBAC, an unreachable API server) and then run
+// until ctx ends.
+func servingCerts(ctx context.Context, c Config, client kubernetes.Interface, logger *slog.Logger) (*CertReloader, *Rotator, error) {
 	if c.CertSecret == "" {
-		return NewCertReloader(c.TLSCert, c.TLSKey, logger)
+		certs, err := NewCertReloader(c.TLSCert, c.TLSKey, logger)
+		return certs, nil, err
 	}
 	namespace, name, err := splitCertSecret(c.CertSecret)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rot, err := NewRotator(RotatorOptions{
 		Client: client, Namespace: namespace, Secret: name, WebhookConfig: c.WebhookConfig,
@@ -274,16 +275,20 @@ func servingCerts(ctx context.Context, c Config, client kubernetes.Interface, lo
 		Logger: logger,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := rot.Sync(ctx); err != nil {
 		if rot.Certs().served() == nil {
-			return nil, fmt.Errorf("certificate rotator: %w", err)
+			return nil, nil, fmt.Errorf("certificate rotator: %w", err)
 		}
 		logger.Warn("certificate rotator: serving, but the caBundle is not published yet; retrying", "err", err)
 	}
-	go func() { _ = rot.Run(ctx) }()
-	return rot.Certs(), nil
+	go func() {
+		if err := rot.Run(ctx); err != nil {
+			logger.Error("certificate rotator stopped", "err", err)
+		}
+	}()
+	return rot.Certs(), rot, nil
 }
 
 // Run serves the webhook until ctx ends.
@@ -319,7 +324,7 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 			return err
 		}
 	}
-	certs, err := servingCerts(ctx, c, client, logger)
+	certs, rotator, err := servingCerts(ctx, c, client, logger)
 	if err != nil {
 		return err
 	}
@@ -336,6 +341,7 @@ func Run(ctx context.Context, c Config, logger *slog.Logger) error {
 	// BulkheadBundleStale compares the nodes' revisions with it.
 	engine.OnReload(func(revision string, _ error) { metrics.observeRevision(revision) })
 	metrics.WatchCertificate(certs)
+	metrics.WatchRotator(rotator)
 	reviewOpts := Options{Decider: engine, Metrics: metrics}
 	ready := func() error { return nil }
 	var ledger *QuotaLedger

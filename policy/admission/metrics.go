@@ -83,6 +83,39 @@ func (m *Metrics) WatchCertificate(certs *CertReloader) {
 	}))
 }
 
+// Kinds of bulkhead_webhook_certificate_rotations_total.
+const (
+	RotationServing = "serving"
+	RotationCA      = "ca"
+)
+
+// WatchRotator exports r's counts, read at scrape time:
+//
+//	bulkhead_webhook_certificate_rotations_total{kind}  certificates this replica issued and stored
+//	bulkhead_webhook_cabundle_repairs_total             caBundles it wrote back
+//
+// Both kinds are exported from the start, at 0. A nil r exports nothing
+// (certificates from files). Call it once per Metrics.
+func (m *Metrics) WatchRotator(r *Rotator) {
+	if m == nil || r == nil {
+		return
+	}
+	for _, c := range []struct {
+		kind string
+		n    *atomic.Uint64
+	}{{RotationServing, &r.servingIssued}, {RotationCA, &r.caIssued}} {
+		m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "bulkhead_webhook_certificate_rotations_total",
+			Help:        "Certificates this replica issued and stored in the rotator's Secret, by kind (serving, ca); the Secret's first pair counts one of each.",
+			ConstLabels: prometheus.Labels{"kind": c.kind},
+		}, func() float64 { return float64(c.n.Load()) }))
+	}
+	m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "bulkhead_webhook_cabundle_repairs_total",
+		Help: "Times this replica wrote its CA bundle back into the ValidatingWebhookConfiguration after someone removed or changed a caBundle that held it.",
+	}, func() float64 { return float64(r.repairs.Load()) }))
+}
+
 // KindOther is the kind label of every decision about a kind the webhook
 // does not review: the kind comes from the request, and a label value per
 // made-up kind would grow the series without bound.

@@ -19,13 +19,19 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
+	admissionregistrationinformers "k8s.io/client-go/informers/admissionregistration/v1"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -51,6 +57,14 @@ import (
 //     serving a certificate it signed is trusted.
 //  5. The pair is served from memory as soon as it is decided; the Secret
 //     carries it to the other replicas and across restarts.
+//
+// Run watches the Secret and the configuration, each by name, and checks
+// them in its caches at every change and every Interval: a caBundle someone
+// removed is written back as soon as the watch reports it, and another
+// replica's renewal is served at once. The caches only ever confirm that
+// nothing is to be done; whatever is written, and any change of the pair
+// served, is decided by Sync on what it reads from the API server, so a
+// cache that lags can delay a decision but never make one.
 
 // Defaults of RotatorOptions.
 const (
@@ -70,6 +84,8 @@ const (
 	// minCertLifetime is the shortest serving certificate (tests use
 	// seconds; anything shorter leaves no room to renew).
 	minCertLifetime = time.Second
+	// DefaultRotatorResync is RotatorOptions.Resync's default.
+	DefaultRotatorResync = 10 * time.Minute
 )
 
 // Keys of the rotator's Secret. tls.crt and tls.key are the serving pair,
@@ -101,9 +117,18 @@ type RotatorOptions struct {
 	// be at least 3 × CertLifetime, so that a new CA is published for a
 	// whole serving certificate's life before the old one expires.
 	CALifetime time.Duration
-	// Interval is how often Run checks the Secret and the caBundle; 0 means
-	// CertLifetime/12, at most a minute.
+	// Interval is how often Run checks, in its watches' caches, whether a
+	// certificate is due: renewals follow the clock, not events. 0 means
+	// CertLifetime/12, at most a minute. Before the watches have synced
+	// (RBAC without list and watch) each check reads the API server.
 	Interval time.Duration
+	// Resync is how often Run reads the Secret and the configuration from
+	// the API server rather than from its watches; 0 means
+	// DefaultRotatorResync. It is the safety net for a watch that stops
+	// delivering without failing (a connection a proxy dropped silently, a
+	// bug on either side): without it a caBundle reset then would stay
+	// unseen until the watch is next re-established.
+	Resync time.Duration
 	// PropagationDelay is how long a new CA must have been seen in every
 	// caBundle before a certificate it signed is served: the time the API
 	// server takes to load the new bundle. 0 means the default Interval.
@@ -130,10 +155,26 @@ type Rotator struct {
 	certs *CertReloader
 	now   func() time.Time
 
-	// mu serialises Sync and guards trustedSince: when this replica first
-	// saw each CA (by fingerprint) in every webhook's caBundle.
-	mu           sync.Mutex
+	// kick wakes Run when a watch reports a change; changes that arrive
+	// while it checks coalesce into one more check.
+	kick chan struct{}
+
+	// mu serialises Sync and guards the fields below it.
+	mu sync.Mutex
+	// trustedSince is when this replica first saw each CA (by
+	// fingerprint) in every webhook's caBundle.
 	trustedSince map[[32]byte]time.Time
+	// inPlace is the bundle this replica last saw in every webhook's
+	// caBundle: writing it again is a repair, not a publication.
+	inPlace []byte
+	// secrets and configs are Run's watch caches, nil outside Run; synced
+	// says whether both have listed.
+	secrets, configs cache.Store
+	synced           func() bool
+
+	// Counts for Metrics.WatchRotator: certificates this replica issued
+	// and stored, and caBundles it wrote back.
+	caIssued, servingIssued, repairs atomic.Uint64
 }
 
 // NewRotator checks opts. Nothing is served until the first Sync.
@@ -151,6 +192,9 @@ func NewRotator(opts RotatorOptions) (*Rotator, error) {
 	if opts.PropagationDelay == 0 {
 		opts.PropagationDelay = def
 	}
+	if opts.Resync == 0 {
+		opts.Resync = DefaultRotatorResync
+	}
 	switch {
 	case opts.Client == nil:
 		return nil, errors.New("admission: RotatorOptions.Client is required")
@@ -164,8 +208,8 @@ func NewRotator(opts RotatorOptions) (*Rotator, error) {
 		return nil, fmt.Errorf("admission: RotatorOptions.CertLifetime %v: must be at least %v", opts.CertLifetime, minCertLifetime)
 	case opts.CALifetime < 3*opts.CertLifetime:
 		return nil, fmt.Errorf("admission: RotatorOptions.CALifetime %v: must be at least 3 × CertLifetime (%v)", opts.CALifetime, 3*opts.CertLifetime)
-	case opts.Interval < 0 || opts.PropagationDelay < 0:
-		return nil, fmt.Errorf("admission: RotatorOptions.Interval %v and PropagationDelay %v must not be negative", opts.Interval, opts.PropagationDelay)
+	case opts.Interval < 0 || opts.PropagationDelay < 0 || opts.Resync < 0:
+		return nil, fmt.Errorf("admission: RotatorOptions.Interval %v, PropagationDelay %v and Resync %v must not be negative", opts.Interval, opts.PropagationDelay, opts.Resync)
 	case opts.Interval+opts.PropagationDelay >= opts.CertLifetime/3:
 		return nil, fmt.Errorf("admission: RotatorOptions.Interval %v + PropagationDelay %v: must stay under CertLifetime/3 (%v), the time left to renew", opts.Interval, opts.PropagationDelay, opts.CertLifetime/3)
 	}
@@ -179,7 +223,7 @@ func NewRotator(opts RotatorOptions) (*Rotator, error) {
 	}
 	return &Rotator{
 		opts: opts, certs: newMemoryCerts(opts.Logger), now: time.Now,
-		trustedSince: map[[32]byte]time.Time{},
+		kick: make(chan struct{}, 1), trustedSince: map[[32]byte]time.Time{},
 	}, nil
 }
 
@@ -187,29 +231,137 @@ func NewRotator(opts RotatorOptions) (*Rotator, error) {
 // Metrics.WatchCertificate).
 func (r *Rotator) Certs() *CertReloader { return r.certs }
 
-// Run calls Sync every Interval until ctx ends. A failed Sync is logged and
-// retried; the pair in service stays.
+// Run watches the Secret and the configuration until ctx ends, each
+// restricted to its one name (a field selector on metadata.name, which RBAC
+// matches against resourceNames for list and watch), and checks them at
+// every change they report, every Interval and, reading the API server,
+// every Resync. A failed check is logged and retried at the next; the pair
+// in service stays. Call it once, after a first Sync.
 func (r *Rotator) Run(ctx context.Context) error {
-	t := time.NewTicker(r.opts.Interval)
-	defer t.Stop()
+	secrets := coreinformers.NewFilteredSecretInformer(r.opts.Client, r.opts.Namespace, 0, cache.Indexers{}, byName(r.opts.Secret))
+	configs := admissionregistrationinformers.NewFilteredValidatingWebhookConfigurationInformer(r.opts.Client, 0, cache.Indexers{}, byName(r.opts.WebhookConfig))
+	wake := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { r.wake() },
+		UpdateFunc: func(any, any) { r.wake() },
+		DeleteFunc: func(any) { r.wake() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{secrets, configs} {
+		if _, err := inf.AddEventHandler(wake); err != nil {
+			return fmt.Errorf("certificate rotator: watch: %w", err)
+		}
+	}
+	r.mu.Lock()
+	r.secrets, r.configs = secrets.GetStore(), configs.GetStore()
+	r.synced = func() bool { return secrets.HasSynced() && configs.HasSynced() }
+	r.mu.Unlock()
+	var watching sync.WaitGroup
+	watching.Go(func() { secrets.RunWithContext(ctx) })
+	watching.Go(func() { configs.RunWithContext(ctx) })
+	defer func() {
+		watching.Wait()
+		r.mu.Lock()
+		r.secrets, r.configs, r.synced = nil, nil, nil
+		r.mu.Unlock()
+	}()
+
+	tick := time.NewTicker(r.opts.Interval)
+	defer tick.Stop()
+	resync := time.NewTicker(r.opts.Resync)
+	defer resync.Stop()
 	for {
+		var err error
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
-			if err := r.Sync(ctx); err != nil && ctx.Err() == nil {
-				r.opts.Logger.Warn("certificate rotator", "err", err)
-			}
+		case <-r.kick:
+			err = r.check(ctx)
+		case <-tick.C:
+			err = r.check(ctx)
+		case <-resync.C:
+			err = r.Sync(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
+			r.opts.Logger.Warn("certificate rotator", "err", err)
 		}
 	}
 }
 
+// byName restricts a list or watch to the object called name.
+func byName(name string) func(*metav1.ListOptions) {
+	sel := fields.OneTermEqualSelector("metadata.name", name).String()
+	return func(o *metav1.ListOptions) { o.FieldSelector = sel }
+}
+
+// wake asks Run for a check; it never blocks a watch's delivery.
+func (r *Rotator) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// check is Run's answer to a change or a tick: Sync, unless the caches show
+// that there is nothing to do.
+func (r *Rotator) check(ctx context.Context) error {
+	r.mu.Lock()
+	idle := r.settledInCache()
+	r.mu.Unlock()
+	if idle {
+		return nil
+	}
+	return r.Sync(ctx)
+}
+
+// settledInCache says whether the watches' caches show nothing for Sync to
+// do: every webhook's caBundle holds the Secret's bundle, the Secret's
+// pair is the one served, and it needs no renewal. Only then does it note,
+// as Sync does, which CAs every caBundle holds: a cache behind the API
+// server must not restart a new CA's PropagationDelay that Sync has seen
+// running. False whenever the caches cannot tell.
+func (r *Rotator) settledInCache() bool {
+	if r.synced == nil || !r.synced() {
+		return false
+	}
+	obj, ok, err := r.configs.GetByKey(r.opts.WebhookConfig)
+	if err != nil || !ok {
+		return false
+	}
+	vwc := obj.(*admissionregistrationv1.ValidatingWebhookConfiguration)
+	obj, ok, err = r.secrets.GetByKey(r.opts.Namespace + "/" + r.opts.Secret)
+	if err != nil || !ok {
+		return false
+	}
+	s := parseState(obj.(*corev1.Secret).Data)
+	if s.ca == nil || s.pair == nil {
+		return false
+	}
+	if served := r.certs.served(); served == nil || !served.Equal(s.pair.Leaf) {
+		return false
+	}
+	bundle := s.bundlePEM()
+	if len(vwc.Webhooks) == 0 || slices.ContainsFunc(vwc.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool {
+		return !bytes.Equal(w.ClientConfig.CABundle, bundle)
+	}) {
+		return false
+	}
+	r.observeTrust(vwc)
+	if !r.upToDate(s, r.now()) {
+		return false
+	}
+	r.inPlace = bundle
+	return true
+}
+
 // Sync brings the Secret up to the rules, serves its pair and publishes its
-// bundle in caBundle. The pair is served even when publishing fails.
+// bundle in caBundle, reading and writing the API server. The pair is
+// served even when publishing fails.
 func (r *Rotator) Sync(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.observeTrust(ctx)
+	vwc, err := r.opts.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, r.opts.WebhookConfig, metav1.GetOptions{})
+	if err == nil {
+		r.observeTrust(vwc)
+	} // else publish reports why
 	s, err := r.syncSecret(ctx)
 	if err != nil {
 		return err
@@ -228,7 +380,7 @@ func (r *Rotator) syncSecret(ctx context.Context) (certState, error) {
 	for range secretAttempts {
 		cur, err := secrets.Get(ctx, r.opts.Secret, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			s, _, err := r.renew(certState{})
+			s, issued, err := r.renew(certState{})
 			if err != nil {
 				return certState{}, err
 			}
@@ -245,17 +397,18 @@ func (r *Rotator) syncSecret(ctx context.Context) (certState, error) {
 			if err != nil {
 				return certState{}, fmt.Errorf("secret %s: create: %w", ref, err)
 			}
+			r.count(issued)
 			r.opts.Logger.Info("certificate rotator: created the secret", "secret", ref)
 			return s, nil
 		}
 		if err != nil {
 			return certState{}, fmt.Errorf("secret %s: get: %w", ref, err)
 		}
-		s, changed, err := r.renew(parseState(cur.Data))
+		s, issued, err := r.renew(parseState(cur.Data))
 		if err != nil {
 			return certState{}, err
 		}
-		if !changed {
+		if !issued.changed {
 			return s, nil
 		}
 		upd := cur.DeepCopy()
@@ -273,45 +426,79 @@ func (r *Rotator) syncSecret(ctx context.Context) (certState, error) {
 		if err != nil {
 			return certState{}, fmt.Errorf("secret %s: update: %w", ref, err)
 		}
+		r.count(issued)
 		return s, nil
 	}
 	return certState{}, fmt.Errorf("secret %s: %d conflicting writes in a row; retrying at the next interval", ref, secretAttempts)
 }
 
-// renew applies rules 2 to 4 to s: it returns the state to keep and
-// whether it differs from s.
-func (r *Rotator) renew(s certState) (certState, bool, error) {
+// renewal is what renew changed.
+type renewal struct {
+	changed     bool // anything: the Secret must be written
+	ca, serving bool // a new CA, a new serving certificate was issued
+}
+
+// renew applies rules 2 to 4 to s: it returns the state to keep and what
+// differs from s.
+func (r *Rotator) renew(s certState) (certState, renewal, error) {
 	now := r.now()
-	changed := false
+	var out renewal
 	if ok, why := needsNewCA(s.ca, now); ok {
 		ca, key, err := newCA(now, r.opts.CALifetime)
 		if err != nil {
-			return s, false, err
+			return s, renewal{}, err
 		}
 		r.opts.Logger.Info("certificate rotator: new CA", "why", why, "serial", ca.SerialNumber, "not_after", ca.NotAfter)
-		s.ca, s.caKey, changed = ca, key, true
+		s.ca, s.caKey, out.ca = ca, key, true
 	}
 	if b := bundleOf(s.ca, s.bundle, now); !sameCerts(b, s.bundle) {
-		s.bundle, changed = b, true
+		s.bundle, out.changed = b, true
 	}
+	if ok, why := needsNewCert(r.certCheck(s, now)); ok {
+		pair, err := issueCert(s.ca, s.caKey, r.opts.DNSNames, now, r.opts.CertLifetime)
+		if err != nil {
+			return s, renewal{}, err
+		}
+		r.opts.Logger.Info("certificate rotator: new serving certificate", "why", why,
+			"serial", pair.Leaf.SerialNumber, "not_after", pair.Leaf.NotAfter, "ca_serial", s.ca.SerialNumber)
+		s.pair, out.serving = pair, true
+	}
+	out.changed = out.changed || out.ca || out.serving
+	return s, out, nil
+}
+
+// upToDate says whether renew would leave a complete s as it is.
+func (r *Rotator) upToDate(s certState, now time.Time) bool {
+	if ok, _ := needsNewCA(s.ca, now); ok {
+		return false
+	}
+	if !sameCerts(bundleOf(s.ca, s.bundle, now), s.bundle) {
+		return false
+	}
+	ok, _ := needsNewCert(r.certCheck(s, now))
+	return !ok
+}
+
+// certCheck is what needsNewCert decides on for s at now.
+func (r *Rotator) certCheck(s certState, now time.Time) certCheck {
 	trustedFor := time.Duration(-1)
 	if since, ok := r.trustedSince[fingerprint(s.ca)]; ok {
 		trustedFor = now.Sub(since)
 	}
-	check := certCheck{
+	return certCheck{
 		leaf: s.leaf(), ca: s.ca, bundle: s.bundle, dnsNames: r.opts.DNSNames, now: now,
 		caTrustedFor: trustedFor, delay: r.opts.PropagationDelay, interval: r.opts.Interval,
 	}
-	if ok, why := needsNewCert(check); ok {
-		pair, err := issueCert(s.ca, s.caKey, r.opts.DNSNames, now, r.opts.CertLifetime)
-		if err != nil {
-			return s, false, err
-		}
-		r.opts.Logger.Info("certificate rotator: new serving certificate", "why", why,
-			"serial", pair.Leaf.SerialNumber, "not_after", pair.Leaf.NotAfter, "ca_serial", s.ca.SerialNumber)
-		s.pair, changed = pair, true
+}
+
+// count adds what a stored renewal issued to the rotation counts.
+func (r *Rotator) count(issued renewal) {
+	if issued.ca {
+		r.caIssued.Add(1)
 	}
-	return s, changed, nil
+	if issued.serving {
+		r.servingIssued.Add(1)
+	}
 }
 
 // serve puts pair in service if it is not already.
@@ -324,10 +511,13 @@ func (r *Rotator) serve(pair *tls.Certificate) {
 }
 
 // publish sets every webhook's caBundle in the configuration to bundle and
-// notes when each CA of it was first seen there.
+// notes when each CA of it was first seen there. Writing the bundle this
+// replica last saw in place is a repair: someone removed or changed it.
 func (r *Rotator) publish(ctx context.Context, bundle []byte) error {
 	configs := r.opts.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	var written []string // the webhooks whose caBundle this call wrote
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		written = nil
 		vwc, err := configs.Get(ctx, r.opts.WebhookConfig, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -335,25 +525,35 @@ func (r *Rotator) publish(ctx context.Context, bundle []byte) error {
 		if len(vwc.Webhooks) == 0 {
 			return errors.New("it has no webhooks")
 		}
-		changed := false
+		var changed []string
 		for i := range vwc.Webhooks {
 			if !bytes.Equal(vwc.Webhooks[i].ClientConfig.CABundle, bundle) {
 				vwc.Webhooks[i].ClientConfig.CABundle = bundle
-				changed = true
+				changed = append(changed, vwc.Webhooks[i].Name)
 			}
 		}
-		if !changed {
+		if len(changed) == 0 {
 			return nil
 		}
 		if _, err := configs.Update(ctx, vwc, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
-		r.opts.Logger.Info("certificate rotator: published the CA bundle", "validatingwebhookconfiguration", r.opts.WebhookConfig)
+		written = changed
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("validatingwebhookconfiguration %s: caBundle: %w", r.opts.WebhookConfig, err)
 	}
+	switch {
+	case len(written) == 0:
+	case bytes.Equal(r.inPlace, bundle):
+		r.repairs.Add(1)
+		r.opts.Logger.Warn("certificate rotator: wrote back the CA bundle someone removed or changed",
+			"validatingwebhookconfiguration", r.opts.WebhookConfig, "webhooks", written)
+	default:
+		r.opts.Logger.Info("certificate rotator: published the CA bundle", "validatingwebhookconfiguration", r.opts.WebhookConfig)
+	}
+	r.inPlace = bundle
 	now := r.now()
 	seen := map[[32]byte]bool{}
 	for _, c := range parseCerts(bundle) {
@@ -371,13 +571,11 @@ func (r *Rotator) publish(ctx context.Context, bundle []byte) error {
 	return nil
 }
 
-// observeTrust reads the configuration and keeps trustedSince to the CAs
-// that every webhook's caBundle holds now: a CA someone (or a replica that
-// read an older Secret) took out starts its PropagationDelay over. A
-// configuration it cannot read changes nothing; publish reports why.
-func (r *Rotator) observeTrust(ctx context.Context) {
-	vwc, err := r.opts.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, r.opts.WebhookConfig, metav1.GetOptions{})
-	if err != nil || len(vwc.Webhooks) == 0 {
+// observeTrust keeps trustedSince to the CAs that every webhook's caBundle
+// in vwc holds: a CA someone (or a replica that read an older Secret) took
+// out starts its PropagationDelay over.
+func (r *Rotator) observeTrust(vwc *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	if len(vwc.Webhooks) == 0 {
 		return
 	}
 	inAll := map[[32]byte]bool{}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,8 +25,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -40,7 +43,8 @@ var rotDNSNames = ServiceDNSNames(rotNamespace, DefaultCertService)
 
 // casSecrets keeps Secrets for the fake clientset with the API server's
 // resourceVersion compare-and-swap on update (the fake's tracker does not
-// check it), so that replicas race as they do in a cluster.
+// check it), so that replicas race as they do in a cluster. It lists and
+// watches them with field selectors, as the API server does.
 type casSecrets struct {
 	mu        sync.Mutex
 	objs      map[string]*corev1.Secret
@@ -50,6 +54,61 @@ type casSecrets struct {
 	// beforeUpdate, when set, runs once before the next update is applied,
 	// outside the lock: another replica's write landing in between.
 	beforeUpdate func()
+	watchers     []secretWatcher
+	// listWatches are the lists and watches of every client on this store,
+	// Secrets and webhook configurations: what RBAC has to allow.
+	listWatches []listWatch
+}
+
+type secretWatcher struct {
+	w         *watch.RaceFreeFakeWatcher
+	namespace string
+	fields    fields.Selector
+}
+
+// listWatch is one list or watch request, as RBAC sees it.
+type listWatch struct{ verb, resource, namespace, fieldSelector string }
+
+// note records a list or watch; s.mu is held.
+func (s *casSecrets) note(action k8stesting.Action) {
+	lw := listWatch{verb: action.GetVerb(), resource: action.GetResource().Resource, namespace: action.GetNamespace()}
+	switch a := action.(type) {
+	case k8stesting.ListAction:
+		lw.fieldSelector = a.GetListRestrictions().Fields.String()
+	case k8stesting.WatchAction:
+		lw.fieldSelector = a.GetWatchRestrictions().Fields.String()
+	}
+	s.listWatches = append(s.listWatches, lw)
+}
+
+func (s *casSecrets) requests() []listWatch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.listWatches)
+}
+
+func secretMatches(sec *corev1.Secret, namespace string, sel fields.Selector) bool {
+	return (namespace == "" || sec.Namespace == namespace) &&
+		sel.Matches(fields.Set{"metadata.name": sec.Name, "metadata.namespace": sec.Namespace})
+}
+
+// notify sends an event to the watchers the Secret matches; s.mu is held.
+func (s *casSecrets) notify(t watch.EventType, sec *corev1.Secret) {
+	s.watchers = slices.DeleteFunc(s.watchers, func(w secretWatcher) bool { return w.w.IsStopped() })
+	for _, w := range s.watchers {
+		if secretMatches(sec, w.namespace, w.fields) {
+			w.w.Action(t, sec.DeepCopy())
+		}
+	}
+}
+
+func (s *casSecrets) watch(action k8stesting.Action) (bool, watch.Interface, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.note(action)
+	w := watch.NewRaceFreeFake()
+	s.watchers = append(s.watchers, secretWatcher{w: w, namespace: action.GetNamespace(), fields: action.(k8stesting.WatchAction).GetWatchRestrictions().Fields})
+	return true, w, nil
 }
 
 var secretsResource = schema.GroupResource{Resource: "secrets"}
@@ -85,7 +144,18 @@ func (s *casSecrets) react(action k8stesting.Action) (bool, runtime.Object, erro
 		s.rv++
 		sec.ResourceVersion = strconv.Itoa(s.rv)
 		s.objs[sec.Name] = sec
+		s.notify(watch.Added, sec)
 		return true, sec.DeepCopy(), nil
+	case "list":
+		s.note(action)
+		sel := action.(k8stesting.ListAction).GetListRestrictions().Fields
+		list := &corev1.SecretList{ListMeta: metav1.ListMeta{ResourceVersion: strconv.Itoa(s.rv)}}
+		for _, sec := range s.objs {
+			if secretMatches(sec, action.GetNamespace(), sel) {
+				list.Items = append(list.Items, *sec.DeepCopy())
+			}
+		}
+		return true, list, nil
 	case "update":
 		sec := action.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).DeepCopy()
 		cur, ok := s.objs[sec.Name]
@@ -100,6 +170,7 @@ func (s *casSecrets) react(action k8stesting.Action) (bool, runtime.Object, erro
 		s.rv++
 		sec.ResourceVersion = strconv.Itoa(s.rv)
 		s.objs[sec.Name] = sec
+		s.notify(watch.Modified, sec)
 		return true, sec.DeepCopy(), nil
 	}
 	return false, nil, nil
@@ -140,6 +211,24 @@ func clientWithSecrets(store *casSecrets) *fake.Clientset {
 	}
 	client := fake.NewClientset(vwc)
 	client.PrependReactor("*", "secrets", store.react)
+	client.PrependWatchReactor("secrets", store.watch)
+	// Lists and watches of the configuration are the tracker's, noted;
+	// a watch is noted once the tracker holds it, so that a change made
+	// after the note reaches it.
+	vwcs := admissionregistrationv1.SchemeGroupVersion.WithResource("validatingwebhookconfigurations")
+	client.PrependReactor("list", "validatingwebhookconfigurations", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		store.note(action)
+		return false, nil, nil
+	})
+	client.PrependWatchReactor("validatingwebhookconfigurations", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		w, err := client.Tracker().Watch(vwcs, action.GetNamespace())
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		store.note(action)
+		return true, w, err
+	})
 	return client
 }
 
@@ -548,6 +637,9 @@ func TestRotatorRepairsSecretAndBundle(t *testing.T) {
 			t.Errorf("webhook %d: caBundle not published again", i)
 		}
 	}
+	if n := r.repairs.Load(); n != 1 {
+		t.Errorf("%d caBundle repairs counted, want 1", n)
+	}
 
 	tests := []struct {
 		name          string
@@ -738,6 +830,7 @@ func TestNewRotatorOptions(t *testing.T) {
 		{name: "short lifetime", modify: func(o *RotatorOptions) { o.CertLifetime = time.Millisecond }, want: "CertLifetime 1ms: must be at least 1s"},
 		{name: "short CA", modify: func(o *RotatorOptions) { o.CertLifetime, o.CALifetime = time.Hour, 2*time.Hour }, want: "CALifetime 2h0m0s: must be at least 3 × CertLifetime"},
 		{name: "negative interval", modify: func(o *RotatorOptions) { o.Interval = -time.Second }, want: "must not be negative"},
+		{name: "negative resync", modify: func(o *RotatorOptions) { o.Resync = -time.Second }, want: "Resync -1s must not be negative"},
 		{name: "slow checks", modify: func(o *RotatorOptions) { o.CertLifetime, o.Interval = time.Hour, 20*time.Minute }, want: "must stay under CertLifetime/3"},
 	}
 	for _, tt := range tests {
@@ -773,5 +866,227 @@ func TestRotatorCertsBeforeFirstSync(t *testing.T) {
 	}
 	if !r.Certs().NotAfter().Equal(got.Leaf.NotAfter) || got.Leaf.NotAfter.IsZero() {
 		t.Errorf("NotAfter %v, want the served certificate's %v", r.Certs().NotAfter(), got.Leaf.NotAfter)
+	}
+}
+
+// counterValue reads a counter of m's registry by name and label set.
+func counterValue(t testing.TB, m *Metrics, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, metric := range f.GetMetric() {
+			for _, l := range metric.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			return metric.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no series %s%v", name, labels)
+	return 0
+}
+
+// timeUntil polls done until it holds and says how long that took, or
+// fails the test after limit: a bound against hanging, far below the
+// Interval and Resync that could also have made done hold.
+func timeUntil(t *testing.T, limit time.Duration, what string, done func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !done() {
+		if time.Since(start) > limit {
+			t.Fatalf("%s: not after %v", what, limit)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return time.Since(start)
+}
+
+// TestRotatorWatchWritesBack: with Run watching, a caBundle someone removed
+// or changed is written back, and another replica's new certificate is
+// served, as soon as the watch reports it. Interval and Resync are a day,
+// so only the watches can have acted. Every list and watch names its one
+// object (a field selector on metadata.name), which is what lets RBAC's
+// resourceNames allow them.
+func TestRotatorWatchWritesBack(t *testing.T) {
+	client, secrets := rotationCluster(t)
+	r, err := NewRotator(RotatorOptions{
+		Client: client, Namespace: rotNamespace, Secret: rotSecret, WebhookConfig: rotConfig,
+		DNSNames: rotDNSNames, Interval: 24 * time.Hour, Resync: 24 * time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics()
+	m.WatchRotator(r)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := r.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var running sync.WaitGroup
+	running.Go(func() {
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	defer running.Wait()
+	defer cancel()
+	watching := func(resource string) bool {
+		return slices.ContainsFunc(secrets.requests(), func(lw listWatch) bool { return lw.verb == "watch" && lw.resource == resource })
+	}
+	timeUntil(t, 10*time.Second, "the rotator watches", func() bool {
+		return watching("secrets") && watching("validatingwebhookconfigurations")
+	})
+
+	state := parseState(secrets.get(rotSecret).Data)
+	bundle := state.bundlePEM()
+	oldCA, _, err := newCA(time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	configs := client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	tests := []struct {
+		name  string
+		reset func(webhooks []admissionregistrationv1.ValidatingWebhook)
+	}{
+		{name: "removed from every webhook (kubectl apply over a pre-rotator install)", reset: func(w []admissionregistrationv1.ValidatingWebhook) {
+			for i := range w {
+				w[i].ClientConfig.CABundle = nil
+			}
+		}},
+		{name: "one webhook's set to a placeholder", reset: func(w []admissionregistrationv1.ValidatingWebhook) {
+			w[1].ClientConfig.CABundle = []byte("\n")
+		}},
+		{name: "replaced by another CA", reset: func(w []admissionregistrationv1.ValidatingWebhook) {
+			for i := range w {
+				w[i].ClientConfig.CABundle = pemCert(oldCA.Raw)
+			}
+		}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			vwc, err := configs.Get(ctx, rotConfig, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.reset(vwc.Webhooks)
+			if _, err := configs.Update(ctx, vwc, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			took := timeUntil(t, 10*time.Second, "caBundle written back", func() bool {
+				return !slices.ContainsFunc(caBundles(t, client), func(b []byte) bool { return !bytes.Equal(b, bundle) })
+			})
+			t.Logf("written back %v after the reset", took)
+			if got := counterValue(t, m, "bulkhead_webhook_cabundle_repairs_total", nil); got != float64(i+1) {
+				t.Errorf("bulkhead_webhook_cabundle_repairs_total = %v, want %d", got, i+1)
+			}
+		})
+	}
+
+	t.Run("another replica renews the serving certificate", func(t *testing.T) {
+		pair, err := issueCert(state.ca, state.caKey, rotDNSNames, time.Now(), time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		renewed := state
+		renewed.pair = pair
+		sec := secrets.get(rotSecret)
+		sec.Data = renewed.data()
+		if _, err := client.CoreV1().Secrets(rotNamespace).Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		took := timeUntil(t, 10*time.Second, "the other replica's certificate served", func() bool {
+			return r.Certs().served().Equal(pair.Leaf)
+		})
+		t.Logf("served %v after the other replica's write", took)
+	})
+
+	// This replica issued the Secret's first CA and certificate, and
+	// nothing since (the renewal above was another replica's).
+	for kind, want := range map[string]float64{RotationCA: 1, RotationServing: 1} {
+		if got := counterValue(t, m, "bulkhead_webhook_certificate_rotations_total", map[string]string{"kind": kind}); got != want {
+			t.Errorf("bulkhead_webhook_certificate_rotations_total{kind=%q} = %v, want %v", kind, got, want)
+		}
+	}
+	for _, lw := range secrets.requests() {
+		want := listWatch{verb: lw.verb, resource: "secrets", namespace: rotNamespace, fieldSelector: "metadata.name=" + rotSecret}
+		if lw.resource == "validatingwebhookconfigurations" {
+			want = listWatch{verb: lw.verb, resource: lw.resource, fieldSelector: "metadata.name=" + rotConfig}
+		}
+		if lw != want {
+			t.Errorf("%+v: want %+v, the one object RBAC allows by name", lw, want)
+		}
+	}
+}
+
+// TestRotatorKeepsCAsOfASeededBundle: a Secret that holds only a bundle
+// (seeded by hand before the first start, with the CA of the certificates
+// that serve until then) keeps that bundle's CAs beside the new one until
+// they expire, so that replicas of the previous release stay trusted.
+func TestRotatorKeepsCAsOfASeededBundle(t *testing.T) {
+	now := time.Now()
+	mustCA := func(notBefore time.Time, lifetime time.Duration) *x509.Certificate {
+		ca, _, err := newCA(notBefore, lifetime)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ca
+	}
+	previous, other := mustCA(now, 24*time.Hour), mustCA(now, 48*time.Hour)
+	leaf := func() *x509.Certificate {
+		signer, key, err := newCA(now, 24*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pair, err := issueCert(signer, key, rotDNSNames, now, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pair.Leaf
+	}()
+	tests := []struct {
+		name string
+		seed *x509.Certificate
+		kept bool
+	}{
+		{name: "the previous release's CA", seed: previous, kept: true},
+		{name: "a CA that outlives the new one", seed: other, kept: true},
+		{name: "an expired CA", seed: mustCA(now.Add(-48*time.Hour), 24*time.Hour)},
+		{name: "not a CA", seed: leaf},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			client, secrets := rotationCluster(t)
+			seeded := &corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Name: rotSecret, Namespace: rotNamespace},
+				Data:       map[string][]byte{SecretCABundle: pemCert(tt.seed.Raw)},
+			}
+			if _, err := client.CoreV1().Secrets(rotNamespace).Create(context.Background(), seeded, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			r := newTestRotator(t, client, time.Hour, 24*time.Hour)
+			if err := r.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			s := parseState(secrets.get(rotSecret).Data)
+			if s.ca == nil || s.ca.Equal(tt.seed) || s.leaf().CheckSignatureFrom(s.ca) != nil {
+				t.Fatal("no new CA signs the served certificate")
+			}
+			published := parseCerts(caBundles(t, client)[0])
+			if got := slices.ContainsFunc(published, tt.seed.Equal); got != tt.kept {
+				t.Errorf("seeded certificate in caBundle: %v, want %v", got, tt.kept)
+			}
+			if !published[0].Equal(s.ca) {
+				t.Error("the new CA is not first in caBundle")
+			}
+		})
 	}
 }
