@@ -111,6 +111,11 @@ type Options struct {
 	// node (test/cluster): the shim tells a pod's own volumes from host
 	// paths by it. Empty: the shim's default.
 	KubeletRoot string
+	// DefaultRuntime is the handler of a pod that names none (containerd's
+	// default_runtime_name): empty is Handler. UpstreamRuncHandler is what
+	// a real node's containerd defaults to, runc without Bulkhead
+	// (test/cluster: Bulkhead's own webhook pods name no RuntimeClass).
+	DefaultRuntime string
 }
 
 // Node is a running private node.
@@ -258,7 +263,7 @@ state = "{{.Dir}}/state"
   cdi_spec_dirs = ["{{.CDISpecDir}}"]
 {{- end}}
   [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "{{.Handler}}"
+    default_runtime_name = "{{.DefaultRuntime}}"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.Handler}}]
       runtime_type = "io.containerd.bulkhead.v1"
       runtime_path = "{{.Shim}}"
@@ -377,6 +382,17 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 		runcShim, upstreamRuncShim = "", ""
 	}
 	upstreamRunscShim, _ := lookPath("containerd-shim-runsc-v1", opts.BinDir)
+	defaultRuntime := Handler
+	switch opts.DefaultRuntime {
+	case "", Handler:
+	case UpstreamRuncHandler:
+		if upstreamRuncShim == "" {
+			return nil, errors.New("DefaultRuntime upstream-runc: needs containerd-shim-runc-v2 and runc (make tools)")
+		}
+		defaultRuntime = UpstreamRuncHandler
+	default:
+		return nil, fmt.Errorf("DefaultRuntime %q: want %q or %q", opts.DefaultRuntime, Handler, UpstreamRuncHandler)
+	}
 	upstreamRunscConfig := filepath.Join(opts.Dir, "upstream-runsc.toml")
 	for _, d := range []string{"cni", "cni-ipam", "root", "state"} {
 		if err := os.MkdirAll(filepath.Join(opts.Dir, d), 0o711); err != nil {
@@ -384,7 +400,7 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 		}
 	}
 	data := map[string]string{
-		"Dir": opts.Dir, "Socket": n.Socket, "PauseImage": images.PauseImage, "Handler": Handler,
+		"Dir": opts.Dir, "Socket": n.Socket, "PauseImage": images.PauseImage, "Handler": Handler, "DefaultRuntime": defaultRuntime,
 		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet, "Subnet6": opts.Subnet6, "Routed": map[bool]string{true: "yes"}[opts.Routed],
 		"RuncShim": runcShim, "RuncHandler": RuncHandler, "Runc": runc,
 		"UpstreamRuncShim": upstreamRuncShim, "UpstreamRuncHandler": UpstreamRuncHandler,
