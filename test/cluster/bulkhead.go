@@ -3,12 +3,9 @@ package cluster
 import (
 	"context"
 	"embed"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -18,9 +15,9 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/bulkhead-runtime/bulkhead/deploy/image"
 	"github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
@@ -32,7 +29,9 @@ var overlayFS embed.FS
 
 // Install is Bulkhead installed on a cluster the way docs/install.md tells
 // an operator, from a copy of the repository's deploy/ and rego/ in the
-// cluster's directory (deploy/tls and deploy/policy are per cluster).
+// cluster's directory (deploy/tls and deploy/policy are per cluster), with
+// the images of deploy/image imported on every node as docs/release.md
+// tells.
 type Install struct {
 	// Repo is the copy: Repo/deploy, Repo/rego.
 	Repo string
@@ -41,17 +40,10 @@ type Install struct {
 	// AdmissionKubeconfig is docs/install.md step 3b's webhooks.kubeconfig:
 	// the API server's client certificate for the webhook.
 	AdmissionKubeconfig string
-	// Address and Port are where the webhook listens: a link of this
-	// install's own (Link), since an EndpointSlice may not name loopback.
-	Address string
-	Port    int
-	Link    string
 
-	dir        string
-	probe      string
-	webhookBin string
-	webhook    *process
-	log        func(string, ...any)
+	dir    string
+	images []builtImage
+	log    func(string, ...any)
 }
 
 // InstallOptions configures PrepareInstall.
@@ -62,31 +54,31 @@ type InstallOptions struct {
 	RepoRoot string
 	// TenantsJSON is the tenants file of step 2 ({"bulkhead": {"tenants": ...}}).
 	TenantsJSON string
-	// Link names the link the webhook listens on (at most 15 bytes; an
-	// empty bridge, since this kernel has no dummy links) and Address its
-	// IPv4 address.
-	Link, Address string
 	// Log receives one line per step.
 	Log func(string, ...any)
 }
+
+// webhookNamespace, webhookDeployment and webhookSelector name the
+// webhook's Deployment of deploy/webhook and its pods.
+const (
+	webhookNamespace  = "bulkhead-system"
+	webhookDeployment = "bulkhead-webhook"
+	webhookSelector   = "app.kubernetes.io/name=bulkhead-webhook"
+)
 
 // PrepareInstall does steps 2, 3 and 3b of docs/install.md before the
 // cluster starts (3b configures the API server, which reads its admission
 // configuration at start): the signed bundle (deploy/policy/build.sh), the
 // webhook's certificates (deploy/gen-tls.sh) and the API server's
-// webhooks.kubeconfig. It also brings up the webhook's link.
+// webhooks.kubeconfig. It also builds the webhook's image (deploy/image).
 func PrepareInstall(ctx context.Context, o InstallOptions) (*Install, error) {
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
 	}
-	if o.Link == "" || len(o.Link) > 15 {
-		return nil, fmt.Errorf("install: Link %q: must be 1 to 15 bytes", o.Link)
-	}
-	webhookBin, err := node.LookPath("bulkhead-webhook")
-	if err != nil {
+	if _, err := node.LookPath("bulkhead-webhook"); err != nil {
 		return nil, errors.New("install: needs bulkhead-webhook (make build)")
 	}
-	in := &Install{Repo: filepath.Join(o.Dir, "repo"), dir: o.Dir, Address: o.Address, Link: o.Link, webhookBin: webhookBin, log: o.Log}
+	in := &Install{Repo: filepath.Join(o.Dir, "repo"), dir: o.Dir, log: o.Log}
 	for _, sub := range []string{"deploy", "rego"} {
 		if err := copyTree(filepath.Join(o.RepoRoot, sub), filepath.Join(in.Repo, sub)); err != nil {
 			return nil, err
@@ -138,18 +130,12 @@ users:
 `, filepath.Join(adm, "apiserver-client.crt"), filepath.Join(adm, "apiserver-client.key"))), 0o600); err != nil {
 		return nil, err
 	}
-	for _, args := range [][]string{
-		{"link", "add", o.Link, "type", "bridge"},
-		{"addr", "add", o.Address + "/32", "dev", o.Link},
-		{"link", "set", o.Link, "up"},
-	} {
-		if out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput(); err != nil {
-			in.removeLink()
-			return nil, fmt.Errorf("install: ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	if in.Port, err = freePort(); err != nil {
+	started := time.Now()
+	if in.images, err = buildImages(in.Repo, filepath.Join(o.Dir, "images"), image.Webhook); err != nil {
 		return nil, err
+	}
+	for _, b := range in.images {
+		o.Log("install: built image %s (%s) in %s", b.Ref, b.Archive, time.Since(started).Round(time.Millisecond))
 	}
 	return in, nil
 }
@@ -158,29 +144,26 @@ users:
 func (in *Install) Bundle() string    { return filepath.Join(in.Repo, "deploy/policy/bundle.tar.gz") }
 func (in *Install) BundleKey() string { return filepath.Join(in.Repo, "deploy/policy/bundle.pem") }
 
-func (in *Install) removeLink() { _ = exec.Command("ip", "link", "del", in.Link).Run() }
-
-// Close stops the webhook and removes its link (idempotent; Stop of the
-// cluster does it too once Apply ran).
-func (in *Install) Close() { in.StopWebhook(); in.removeLink() }
-
-// Apply does steps 1 and 4 of docs/install.md: label the node, `kubectl
-// apply -k` (deploy/ through the test overlay), and starts the webhook.
+// Apply does steps 1 and 4 of docs/install.md: import the images on every
+// node, label the nodes, `kubectl apply -k` (deploy/ through the test
+// overlay, which points it at the imported images), and waits until the
+// webhook's Deployment is available and the API server gets its answers.
 func (in *Install) Apply(ctx context.Context, c *Cluster) error {
-	c.OnStop(in.Close)
 	in.Overlay = filepath.Join(in.dir, "overlay")
 	if err := os.MkdirAll(in.Overlay, 0o755); err != nil {
 		return err
 	}
-	kust, err := overlayFS.ReadFile("overlay/kustomization.yaml")
-	if err != nil {
-		return err
+	started := time.Now()
+	for _, w := range c.Nodes {
+		for _, b := range in.images {
+			if err := importImage(ctx, w, b); err != nil {
+				return fmt.Errorf("install: %w", err)
+			}
+		}
 	}
-	if err := os.WriteFile(filepath.Join(in.Overlay, "kustomization.yaml"), kust, 0o644); err != nil {
-		return err
-	}
-	slice := template.Must(template.ParseFS(overlayFS, "overlay/endpointslice.yaml"))
-	if err := writeTemplate(filepath.Join(in.Overlay, "endpointslice.yaml"), slice, map[string]any{"Address": in.Address, "Port": in.Port}); err != nil {
+	in.log("install: imported %d image(s) on %d nodes in %s", len(in.images), len(c.Nodes), time.Since(started).Round(time.Millisecond))
+	kust := template.Must(template.ParseFS(overlayFS, "overlay/kustomization.yaml"))
+	if err := writeTemplate(filepath.Join(in.Overlay, "kustomization.yaml"), kust, map[string]any{"Images": in.images}); err != nil {
 		return err
 	}
 	for _, args := range [][]string{
@@ -195,7 +178,7 @@ func (in *Install) Apply(ctx context.Context, c *Cluster) error {
 	if err := in.AgentsAsServiceAccount(ctx, c); err != nil {
 		return err
 	}
-	return in.StartWebhook(ctx, c)
+	return in.waitWebhook(ctx, c)
 }
 
 // AgentsAsServiceAccount restarts every node's agent with the token of the
@@ -237,156 +220,97 @@ func (in *Install) AgentsAsServiceAccount(ctx context.Context, c *Cluster) error
 	return nil
 }
 
-// StartWebhook runs ./bin/bulkhead-webhook as the Deployment would: its
-// arguments from the rendered Deployment of deploy/, its mounted files from
-// the applied Secret and ConfigMap, the bulkhead-webhook ServiceAccount's
-// token; only the listen addresses differ. It waits for /readyz.
-func (in *Install) StartWebhook(ctx context.Context, c *Cluster) error {
-	out, err := c.Kubectl(ctx, "kustomize", filepath.Join(in.Repo, "deploy"))
-	if err != nil {
-		return fmt.Errorf("install: kubectl kustomize deploy: %v\n%s", err, out)
-	}
-	var dep *appsv1.Deployment
-	for _, doc := range strings.Split(out, "\n---\n") {
-		var d appsv1.Deployment
-		if yaml.Unmarshal([]byte(doc), &d) == nil && d.Kind == "Deployment" && d.Name == "bulkhead-webhook" {
-			dep = &d
-		}
-	}
-	if dep == nil || len(dep.Spec.Template.Spec.Containers) != 1 {
-		return errors.New("install: deploy/ renders no Deployment bulkhead-webhook with one container")
-	}
-	ctr := dep.Spec.Template.Spec.Containers[0]
-	files := filepath.Join(in.dir, "webhook-files")
-	_ = os.RemoveAll(files)
-	// Each mount's volume, read back from the cluster.
-	mounts := map[string]string{}
-	for _, m := range ctr.VolumeMounts {
-		local := filepath.Join(files, m.Name)
-		if err := os.MkdirAll(local, 0o700); err != nil {
-			return err
-		}
-		for _, v := range dep.Spec.Template.Spec.Volumes {
-			if v.Name != m.Name {
-				continue
-			}
-			if err := in.fetchVolume(ctx, c, dep.Namespace, v, local); err != nil {
-				return err
-			}
-		}
-		mounts[m.MountPath] = local
-	}
-	probePort, err := freePort()
-	if err != nil {
-		return err
-	}
-	in.probe = fmt.Sprintf("127.0.0.1:%d", probePort)
-	var args []string
-	for _, a := range ctr.Args {
-		switch {
-		case strings.HasPrefix(a, "--listen="):
-			a = fmt.Sprintf("--listen=%s:%d", in.Address, in.Port)
-		case strings.HasPrefix(a, "--probe-listen="):
-			a = "--probe-listen=" + in.probe
-		default:
-			for mp, local := range mounts {
-				if k, v, ok := strings.Cut(a, "="); ok && (v == mp || strings.HasPrefix(v, mp+"/")) {
-					a = k + "=" + local + strings.TrimPrefix(v, mp)
-				}
-			}
-		}
-		args = append(args, a)
-	}
-	tok, err := c.Kubectl(ctx, "-n", dep.Namespace, "create", "token", dep.Spec.Template.Spec.ServiceAccountName, "--duration=4h")
-	if err != nil {
-		return fmt.Errorf("install: token of %s: %v\n%s", dep.Spec.Template.Spec.ServiceAccountName, err, tok)
-	}
-	kc, err := c.TokenKubeconfig("bulkhead-webhook", "system:serviceaccount:"+dep.Namespace+":"+dep.Spec.Template.Spec.ServiceAccountName, strings.TrimSpace(tok))
-	if err != nil {
-		return err
-	}
-	args = append(args, "--kubeconfig="+kc)
-	c.bin["bulkhead-webhook"] = in.webhookBin
-	in.log("install: bulkhead-webhook %s", strings.Join(args, " "))
-	p, err := c.run("bulkhead-webhook", args...)
-	if err != nil {
-		return err
-	}
-	in.webhook = p
-	return waitFor(ctx, p, "bulkhead-webhook /readyz", 2*time.Minute, func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+in.probe+"/readyz", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %s", resp.Status)
-		}
-		return nil
-	})
-}
-
-// StopWebhook stops the webhook process, if it runs.
-func (in *Install) StopWebhook() {
-	if in.webhook != nil {
-		in.webhook.stop(10 * time.Second)
-		in.webhook = nil
-	}
-}
-
-// fetchVolume writes a Secret's or ConfigMap's keys as files under dir,
-// as the kubelet would mount them.
-func (in *Install) fetchVolume(ctx context.Context, c *Cluster, ns string, v corev1.Volume, dir string) error {
-	var kind, name string
-	switch {
-	case v.Secret != nil:
-		kind, name = "secret", v.Secret.SecretName
-	case v.ConfigMap != nil:
-		kind, name = "configmap", v.ConfigMap.Name
-	default:
-		return fmt.Errorf("install: volume %s: only Secret and ConfigMap volumes can be read back", v.Name)
-	}
-	out, err := c.Kubectl(ctx, "-n", ns, "get", kind, name, "-o", "json")
-	if err != nil {
-		return fmt.Errorf("install: kubectl get %s %s: %v\n%s", kind, name, err, out)
-	}
-	var obj struct {
-		Data       map[string]string `json:"data"`
-		BinaryData map[string]string `json:"binaryData"`
-	}
-	if err := json.Unmarshal([]byte(out), &obj); err != nil {
-		return fmt.Errorf("install: %s %s: %w", kind, name, err)
-	}
-	write := func(k string, b []byte) error { return os.WriteFile(filepath.Join(dir, k), b, 0o600) }
-	for k, val := range obj.Data {
-		b := []byte(val)
-		if kind == "secret" {
-			if b, err = base64.StdEncoding.DecodeString(val); err != nil {
-				return fmt.Errorf("install: secret %s key %s: %w", name, k, err)
-			}
-		}
-		if err := write(k, b); err != nil {
-			return err
-		}
-	}
-	for k, val := range obj.BinaryData {
-		b, err := base64.StdEncoding.DecodeString(val)
-		if err != nil {
-			return fmt.Errorf("install: configmap %s key %s: %w", name, k, err)
-		}
-		if err := write(k, b); err != nil {
-			return err
+// StopWebhook scales the webhook's Deployment to zero, as an operator (or
+// an outage of every replica) would, and returns once no pod of it is
+// left: the API server then finds no endpoint of its Service.
+func (in *Install) StopWebhook(ctx context.Context, c *Cluster) error {
+	for _, args := range [][]string{
+		{"-n", webhookNamespace, "scale", "deployment", webhookDeployment, "--replicas=0"},
+		{"-n", webhookNamespace, "wait", "--for=delete", "pod", "-l", webhookSelector, "--timeout=120s"},
+	} {
+		in.log("install: kubectl %s", strings.Join(args, " "))
+		if out, err := c.Kubectl(ctx, args...); err != nil {
+			return fmt.Errorf("stop the webhook: kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 	return nil
 }
 
+// StartWebhook scales the webhook's Deployment back to the replicas of
+// deploy/ and waits as Apply does.
+func (in *Install) StartWebhook(ctx context.Context, c *Cluster) error {
+	dep, err := in.renderedWebhook(ctx, c)
+	if err != nil {
+		return err
+	}
+	args := []string{"-n", webhookNamespace, "scale", "deployment", webhookDeployment, fmt.Sprintf("--replicas=%d", *dep.Spec.Replicas)}
+	in.log("install: kubectl %s", strings.Join(args, " "))
+	if out, err := c.Kubectl(ctx, args...); err != nil {
+		return fmt.Errorf("start the webhook: kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return in.waitWebhook(ctx, c)
+}
+
+// renderedWebhook is the webhook's Deployment as deploy/ renders it.
+func (in *Install) renderedWebhook(ctx context.Context, c *Cluster) (*appsv1.Deployment, error) {
+	out, err := c.Kubectl(ctx, "kustomize", filepath.Join(in.Repo, "deploy"))
+	if err != nil {
+		return nil, fmt.Errorf("install: kubectl kustomize deploy: %v\n%s", err, out)
+	}
+	for _, doc := range strings.Split(out, "\n---\n") {
+		var d appsv1.Deployment
+		if yaml.Unmarshal([]byte(doc), &d) == nil && d.Kind == "Deployment" && d.Name == webhookDeployment && d.Spec.Replicas != nil {
+			return &d, nil
+		}
+	}
+	return nil, errors.New("install: deploy/ renders no Deployment bulkhead-webhook with replicas")
+}
+
+// waitWebhook returns once every replica of the webhook's Deployment is
+// available (Ready: its certificate rotator has published the caBundle)
+// and the API server has the webhook's own answer to a server dry run of
+// a pod in a namespace of no tenant: a refusal that names the webhook,
+// not a failure to call it.
+func (in *Install) waitWebhook(ctx context.Context, c *Cluster) error {
+	started := time.Now()
+	args := []string{"-n", webhookNamespace, "rollout", "status", "deployment/" + webhookDeployment, "--timeout=180s"}
+	in.log("install: kubectl %s", strings.Join(args, " "))
+	if out, err := c.Kubectl(ctx, args...); err != nil {
+		return fmt.Errorf("install: kubectl %s: %v\n%s\n%s", strings.Join(args, " "), err, out, in.describeWebhook(ctx, c))
+	}
+	var last string
+	err := waitFor(ctx, nil, "the webhook's answer through its Service", time.Minute, func(ctx context.Context) error {
+		last, _ = c.KubectlStdin(ctx, Pod("webhook-probe", "default", "", nil), "create", "--dry-run=server", "-f", "-")
+		if strings.Contains(last, `admission webhook "validate.bulkhead.dev" denied the request`) {
+			return nil
+		}
+		return errors.New(strings.TrimSpace(last))
+	})
+	if err != nil {
+		return fmt.Errorf("install: %w\n%s", err, in.describeWebhook(ctx, c))
+	}
+	in.log("install: webhook Deployment available and answering in %s", time.Since(started).Round(time.Millisecond))
+	return nil
+}
+
+// describeWebhook is what kubectl says of the webhook's pods, and their
+// logs (for failures).
+func (in *Install) describeWebhook(ctx context.Context, c *Cluster) string {
+	d, _ := c.Kubectl(ctx, "-n", webhookNamespace, "describe", "pods", "-l", webhookSelector)
+	return d + "\n" + in.WebhookLogs(ctx, c, 40)
+}
+
+// WebhookLogs is the last lines of every webhook pod's log (kubectl logs).
+func (in *Install) WebhookLogs(ctx context.Context, c *Cluster, lines int) string {
+	out, _ := c.Kubectl(ctx, "-n", webhookNamespace, "logs", "-l", webhookSelector, "--prefix", "--all-containers", fmt.Sprintf("--tail=%d", lines))
+	return out
+}
+
 // Uninstall follows docs/install.md's Uninstall: the webhook configuration
 // first, then the workloads (the caller's namespaces), then `kubectl
-// delete -k` and the node label. Step 3 (the DaemonSet's `remove`) has no
-// DaemonSet here (see the overlay); the webhook process and its link go
-// last.
+// delete -k` (the webhook's Deployment with the rest) and the node label.
+// Step 3 (the DaemonSet's `remove`) has no DaemonSet here (see the
+// overlay).
 func (in *Install) Uninstall(ctx context.Context, c *Cluster, namespaces ...string) error {
 	steps := [][]string{{"delete", "validatingwebhookconfiguration", "bulkhead"}}
 	if len(namespaces) > 0 {
@@ -402,8 +326,6 @@ func (in *Install) Uninstall(ctx context.Context, c *Cluster, namespaces ...stri
 			return fmt.Errorf("uninstall: kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	in.StopWebhook()
-	in.removeLink()
 	return nil
 }
 

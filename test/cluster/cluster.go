@@ -4,7 +4,9 @@
 // kube-controller-manager, kube-scheduler, one kube-proxy, and per node a
 // kubelet whose container runtime is a test/node private containerd with
 // Bulkhead's shims registered, its own CNI bridge and pod CIDRs (IPv4 and
-// IPv6) and its own node agent.
+// IPv6) and its own node agent. The API server listens on the cluster's
+// link, so that pods reach it through the Service kubernetes as on any
+// cluster (Bulkhead's webhook runs as a Deployment).
 //
 // The nodes share the host's network namespace, as pods of two machines
 // share a routed network: each node's bridge is a route of the host's, so
@@ -59,11 +61,17 @@ type Options struct {
 	Dir string
 	// Nodes are the cluster's nodes, one or more, started in order.
 	Nodes []NodeOptions
-	// Link names the link that holds the nodes' addresses (at most 15
-	// bytes; an empty bridge, since this kernel has no dummy links): the
-	// kubelets listen there, and the API server reaches them there
-	// (InternalIP), since the kubelet refuses a loopback --node-ip.
+	// Link names the link that holds the nodes' addresses and the API
+	// server's (at most 15 bytes; an empty bridge, since this kernel has no
+	// dummy links): the kubelets listen there, and the API server reaches
+	// them there (InternalIP), since the kubelet refuses a loopback
+	// --node-ip.
 	Link string
+	// APIServerAddress is the IPv4 address on Link the API server listens
+	// on and advertises: the endpoint of the Service kubernetes, which pods
+	// (Bulkhead's webhook) reach through kube-proxy, as on any cluster. A
+	// loopback address would serve the host alone.
+	APIServerAddress string
 	// ClusterCIDRs are the pod ranges every node's Subnet and Subnet6 lie
 	// in (kube-proxy's clusterCIDR: pods' traffic to a Service keeps its
 	// source address).
@@ -170,6 +178,13 @@ func Requirements() error {
 			return fmt.Errorf("needs %s (make tools)", bin)
 		}
 	}
+	// A pod without a RuntimeClass (Bulkhead's webhook) runs on containerd's
+	// own runc, a real node's default (StartStory's nodes).
+	for _, bin := range []string{"containerd-shim-runc-v2", "runc"} {
+		if _, err := node.LookPath(bin); err != nil {
+			return fmt.Errorf("needs %s, the nodes' default runtime (make tools)", bin)
+		}
+	}
 	return nil
 }
 
@@ -255,6 +270,9 @@ func (o Options) validate() error {
 	if len(o.ClusterCIDRs) == 0 {
 		return errors.New("cluster: Options.ClusterCIDRs: the pod ranges are required")
 	}
+	if parseAddr4(o.APIServerAddress) == "" {
+		return fmt.Errorf("cluster: Options.APIServerAddress %q: must be an IPv4 address", o.APIServerAddress)
+	}
 	var cidrs []netip.Prefix
 	for _, s := range o.ClusterCIDRs {
 		p, err := netip.ParsePrefix(s)
@@ -276,18 +294,20 @@ func (o Options) validate() error {
 		return false
 	}
 	names := map[string]bool{}
+	addrs := map[string]bool{parseAddr4(o.APIServerAddress): true}
 	for i, n := range o.Nodes {
 		switch {
 		case n.Name == "" || names[n.Name]:
 			return fmt.Errorf("cluster: Options.Nodes[%d].Name %q: must be set and unique", i, n.Name)
-		case parseAddr4(n.Address) == "":
-			return fmt.Errorf("cluster: Options.Nodes[%d].Address %q: must be an IPv4 address", i, n.Address)
+		case parseAddr4(n.Address) == "" || addrs[parseAddr4(n.Address)]:
+			return fmt.Errorf("cluster: Options.Nodes[%d].Address %q: must be an IPv4 address, unique and not the API server's", i, n.Address)
 		case !within(n.Node.Subnet):
 			return fmt.Errorf("cluster: Options.Nodes[%d].Node.Subnet %q: must lie in the ClusterCIDRs %v", i, n.Node.Subnet, o.ClusterCIDRs)
 		case n.Node.Subnet6 != "" && !within(n.Node.Subnet6):
 			return fmt.Errorf("cluster: Options.Nodes[%d].Node.Subnet6 %q: must lie in the ClusterCIDRs %v", i, n.Node.Subnet6, o.ClusterCIDRs)
 		}
 		names[n.Name] = true
+		addrs[parseAddr4(n.Address)] = true
 	}
 	return nil
 }
@@ -300,9 +320,13 @@ func parseAddr4(s string) string {
 	return a.String()
 }
 
-// addLink brings up the link that holds the nodes' addresses.
+// addLink brings up the link that holds the nodes' and the API server's
+// addresses.
 func (c *Cluster) addLink(ctx context.Context) error {
-	args := [][]string{{"link", "add", c.opts.Link, "type", "bridge"}}
+	args := [][]string{
+		{"link", "add", c.opts.Link, "type", "bridge"},
+		{"addr", "add", c.opts.APIServerAddress + "/32", "dev", c.opts.Link},
+	}
 	for _, n := range c.opts.Nodes {
 		args = append(args, []string{"addr", "add", n.Address + "/32", "dev", c.opts.Link})
 	}

@@ -71,11 +71,12 @@ func TestCluster(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("component logs (tail):\n%s", c.Logs(25))
+			t.Logf("webhook pods' logs (tail):\n%s", in.WebhookLogs(context.Background(), c, 25))
 		}
 		if err := c.Stop(context.Background()); err != nil {
 			t.Error(err)
 		}
-		assertGone(t, c, in.Link)
+		assertGone(t, c)
 		if after := kubeChains(); after != kubeChainsBefore {
 			t.Errorf("iptables KUBE-* chains changed (the kubelet must leave the host's tables alone):\nbefore:\n%s\nafter:\n%s", kubeChainsBefore, after)
 		}
@@ -99,6 +100,8 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("namespace %s has no default ServiceAccount: %s", ns, why)
 		}
 	}
+
+	t.Run("0-webhook-runs-as-deployed", func(t *testing.T) { testWebhookDeployment(ctx, t, c) })
 
 	t.Run("1-gvisor-pod-runs", func(t *testing.T) {
 		if out, err := apply(Pod("sandboxed", "agents", "bulkhead", nil)); err != nil {
@@ -230,13 +233,15 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("5-webhook-down-fails-closed", func(t *testing.T) {
-		in.StopWebhook()
+		if err := in.StopWebhook(ctx, c); err != nil {
+			t.Fatal(err)
+		}
 		out, err := apply(Pod("while-down", "agents", "bulkhead", nil))
-		t.Logf("$ kubectl apply -f while-down.yaml   (webhook stopped)\n%s", out)
+		t.Logf("$ kubectl -n bulkhead-system scale deployment bulkhead-webhook --replicas=0; kubectl apply -f while-down.yaml\n%s", out)
 		if err == nil {
 			t.Errorf("pod created while the webhook was down (failurePolicy: Fail)")
 		}
-		for _, want := range []string{`failed calling webhook "validate.bulkhead.dev"`, "connection refused"} {
+		for _, want := range []string{`failed calling webhook "validate.bulkhead.dev"`, `no endpoints available for service "bulkhead-webhook"`} {
 			if !strings.Contains(out, want) {
 				t.Errorf("error lacks %q", want)
 			}
@@ -353,10 +358,10 @@ func TestCluster(t *testing.T) {
 }
 
 // assertGone checks what Stop must have removed.
-func assertGone(t *testing.T, c *Cluster, link string) {
+func assertGone(t *testing.T, c *Cluster) {
 	t.Helper()
 	dir := c.Dir()
-	links := []string{link, c.opts.Link}
+	links := []string{c.opts.Link}
 	var cgroupRoots []string
 	for _, w := range c.Nodes {
 		links = append(links, w.opts.Node.Bridge)

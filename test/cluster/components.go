@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -31,9 +33,10 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.APIServer = fmt.Sprintf("https://127.0.0.1:%d", port)
+	addr := c.opts.APIServerAddress
+	c.APIServer = fmt.Sprintf("https://%s", net.JoinHostPort(addr, strconv.Itoa(port)))
 	serving, servingKey, err := c.pki.issue("apiserver", "kube-apiserver", nil,
-		"127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+		addr, "127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
 		"kubernetes.default.svc.cluster.local")
 	if err != nil {
 		return err
@@ -49,7 +52,8 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	}
 	args := []string{
 		"--etcd-servers=" + c.etcdURL,
-		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
+		// The Service kubernetes points at this address: pods reach it.
+		"--bind-address=" + addr, "--advertise-address=" + addr, fmt.Sprintf("--secure-port=%d", port),
 		"--tls-cert-file=" + serving, "--tls-private-key-file=" + servingKey,
 		"--client-ca-file=" + c.CAFile,
 		"--authorization-mode=Node,RBAC",
@@ -63,6 +67,16 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		// The API server calls a webhook Service at one of its endpoints,
 		// as on a control plane where no kube-proxy runs.
 		"--enable-aggregator-routing=true",
+		// The Service kubernetes keeps its endpoint while the API server
+		// is down, as a control plane behind a load balancer's address
+		// does: kubernetesEndpoint writes it once. The default (lease)
+		// reconciler withdraws it when the API server stops, and after
+		// an outage (StopAPIServer) pods reach the API server again only
+		// once kube-proxy has relisted: seen ~50 s after a 30 s outage
+		// (its first watch refused by an RBAC authorizer still starting,
+		// then its backoff), during which Bulkhead's webhook, blind to
+		// its quota ledgers, refuses every pod (fail closed).
+		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",
 		"--cert-dir=" + filepath.Join(c.dir, "apiserver-certs"),
 		"--profiling=false",
@@ -96,7 +110,38 @@ plugins:
 	if c.Kubeconfig, err = c.kubeconfig("admin", "bulkhead-test-admin", "system:masters"); err != nil {
 		return err
 	}
-	return c.waitAPIServer(ctx, p)
+	if err := c.waitAPIServer(ctx, p); err != nil {
+		return err
+	}
+	return c.kubernetesEndpoint(ctx, addr, port)
+}
+
+// kubernetesEndpoint writes the endpoint of the Service kubernetes (the
+// API server's --endpoint-reconciler-type=none says why), labelled as this
+// cluster's own so that no controller of Kubernetes manages it.
+func (c *Cluster) kubernetesEndpoint(ctx context.Context, addr string, port int) error {
+	slice := fmt.Sprintf(`apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kubernetes
+  namespace: default
+  labels:
+    kubernetes.io/service-name: kubernetes
+    endpointslice.kubernetes.io/managed-by: bulkhead-test-cluster
+addressType: IPv4
+ports:
+  - name: https
+    port: %d
+    protocol: TCP
+endpoints:
+  - addresses: [%q]
+    conditions:
+      ready: true
+`, port, addr)
+	if out, err := c.KubectlStdin(ctx, slice, "apply", "-f", "-"); err != nil {
+		return fmt.Errorf("cluster: the Service kubernetes's endpoint: %v: %s", err, out)
+	}
+	return nil
 }
 
 // StopAPIServer stops the API server, as an outage of the control plane

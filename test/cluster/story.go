@@ -139,10 +139,7 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 	block := (pid % 16) * 16
 	cidr4 := fmt.Sprintf("10.190.%d.0/20", block)
 	cidr6 := fmt.Sprintf("fd19:%x::/48", pid%0x10000)
-	in, err := PrepareInstall(ctx, InstallOptions{
-		Dir: dir, RepoRoot: repoRoot, TenantsJSON: Tenants,
-		Link: fmt.Sprintf("bhw%d", id), Address: fmt.Sprintf("10.191.%d.1", pid%250), Log: log,
-	})
+	in, err := PrepareInstall(ctx, InstallOptions{Dir: dir, RepoRoot: repoRoot, TenantsJSON: Tenants, Log: log})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
@@ -151,6 +148,7 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 		Dir:                 dir,
 		AdmissionKubeconfig: in.AdmissionKubeconfig,
 		Link:                fmt.Sprintf("bhn%d", id),
+		APIServerAddress:    fmt.Sprintf("10.192.%d.1", pid%250),
 		ClusterCIDRs:        []string{cidr4, cidr6},
 		Log:                 log,
 	}
@@ -164,7 +162,6 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 		// lock) lives here; the agent opens it, it does not create it.
 		shimDir := filepath.Join(dir, name, "shim")
 		if err := os.MkdirAll(filepath.Join(shimDir, "cdi"), 0o711); err != nil {
-			in.Close()
 			_ = os.RemoveAll(dir)
 			return nil, nil, err
 		}
@@ -175,21 +172,22 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 			Node: node.Options{
 				BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d%c", id, 'a'+i), Subnet: subnet, Subnet6: subnet6,
 				Routed: true, PipelineEnabled: true, CDISpecDir: filepath.Join(shimDir, "cdi"),
-				ShimConfig: in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs, gpusOf[name], filepath.Join(dir, name, "kubelet")),
+				// A pod without a RuntimeClass runs on runc, as a real
+				// node's containerd defaults to: the webhook's pods.
+				DefaultRuntime: node.UpstreamRuncHandler,
+				ShimConfig:     in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs, gpusOf[name], filepath.Join(dir, name, "kubelet")),
 			},
 		})
 	}
 	opts.RemoveAfterStop = pinDirs
 	c, err := Start(ctx, opts)
 	if err != nil {
-		in.Close()
 		for _, p := range pinDirs {
 			_ = os.RemoveAll(p)
 		}
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
 	}
-	c.OnStop(in.Close)
 	return c, in, nil
 }
 

@@ -129,7 +129,10 @@ func run(ctx context.Context) error {
 	show("-n", "agents", "delete", "pod", "whole-gpu")
 
 	say("5. The webhook down, failurePolicy Fail: no pod is admitted unjudged")
-	in.StopWebhook()
+	if err := in.StopWebhook(ctx, c); err != nil {
+		return err
+	}
+	show("-n", "bulkhead-system", "get", "deployment", "bulkhead-webhook")
 	apply("while-down.yaml", cluster.Pod("while-down", "agents", "bulkhead", nil))
 	if err := in.StartWebhook(ctx, c); err != nil {
 		return err
