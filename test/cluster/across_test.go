@@ -374,7 +374,11 @@ func testAPIServerOutage(ctx context.Context, t *testing.T, c *Cluster) {
 	restarted = true
 	back := time.Now()
 	// The kubelet posts the static pod's mirror; node-a's agent learns it.
-	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	// The kubelet tries at its next sync of the pod: its resync period,
+	// 1 min with up to 50% jitter, after its last try while the API server
+	// was down (seen: 89 s between two tries, the mirror 61 s after the
+	// restart), so allow two minutes.
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var mirrored time.Duration
 	if why := eventually(wctx, func() string {
