@@ -13,9 +13,11 @@
 # (make tools-node: the demo, the e2e tests, opa for building bundles);
 # "bench" adds the upstream shims, which only the benchmarks use (make
 # tools-bench); "all" (the default, make tools: make test and CI) adds
-# Kubernetes for test/cluster and Helm for deploy/chart to "node", not the
-# upstream shims, which no test needs (test/node registers them only when
-# they are installed).
+# Kubernetes for test/cluster, containerd-shim-runc-v2 (test/cluster's
+# nodes run pods without a RuntimeClass, Bulkhead's webhook, on it, as a
+# real node's containerd does) and Helm for deploy/chart to "node", not
+# gVisor's shim, which no test needs (test/node registers the upstream
+# shims only when they are installed).
 set -euo pipefail
 
 GO=${GO:-go}
@@ -46,7 +48,7 @@ export GOFLAGS="${GOFLAGS:-} -trimpath"
 
 TOOLS_TOTAL=5 # install_tool calls below, plus the upstream shims for "bench", plus helm and build_kube for "all"
 if [[ "${TOOLS_SET}" == bench ]]; then TOOLS_TOTAL=7; fi
-if [[ "${TOOLS_SET}" == all ]]; then TOOLS_TOTAL=7; fi
+if [[ "${TOOLS_SET}" == all ]]; then TOOLS_TOTAL=8; fi
 tool_n=0
 install_tool() { # name version cgo package...
 	local name=$1 version=$2 cgo=$3
@@ -86,11 +88,14 @@ install_tool runsc "${GVISOR_VERSION}" 0 "gvisor.dev/gvisor/runsc@${GVISOR_VERSI
 install_tool crictl "${CRICTL_VERSION}" 0 "sigs.k8s.io/cri-tools/cmd/crictl@${CRICTL_VERSION}"
 install_tool opa "${OPA_VERSION}" 0 "github.com/open-policy-agent/opa@${OPA_VERSION}"
 install_tool runc "${RUNC_VERSION}" 1 -tags seccomp "github.com/opencontainers/runc@${RUNC_VERSION}"
-if [[ "${TOOLS_SET}" == bench ]]; then
+if [[ "${TOOLS_SET}" != node ]]; then
 	# containerd's own runc shim, as upstream ships it: the baseline of the
-	# runc tier's start times (make bench-start).
+	# runc tier's start times (make bench-start), and test/cluster's nodes'
+	# default runtime.
 	install_tool containerd-shim-runc-v2 "${CONTAINERD_VERSION}" 1 \
 		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@${CONTAINERD_VERSION}"
+fi
+if [[ "${TOOLS_SET}" == bench ]]; then
 	# gVisor's own shim of the same gVisor version as runsc and Bulkhead's
 	# shim library, as upstream ships it (static like runsc): the baseline of
 	# the gVisor tier's start times where the shim may set its oom_score_adj
