@@ -148,6 +148,12 @@ func Specs(binDir, installScript string, meta Meta) ([]Spec, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The CLI beside the agent: `kubectl exec ... -c agent -- bulkhead node
+	// status` shows an operator the node's state without a root login.
+	cli, err := read("bulkhead")
+	if err != nil {
+		return nil, err
+	}
 	script, err := os.ReadFile(installScript)
 	if err != nil {
 		return nil, fmt.Errorf("installer script: %w", err)
@@ -174,7 +180,7 @@ func Specs(binDir, installScript string, meta Meta) ([]Spec, error) {
 		},
 		{
 			Name:       NodeAgent,
-			Files:      []File{exe("usr/local/bin/bulkhead-agent", agent)},
+			Files:      []File{exe("usr/local/bin/bulkhead-agent", agent), exe("usr/local/bin/bulkhead", cli)},
 			Entrypoint: []string{"/usr/local/bin/bulkhead-agent"},
 			User:       "0:0",
 		},

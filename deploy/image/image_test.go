@@ -178,7 +178,7 @@ func buildHello() (string, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return "", err
 	}
-	for _, name := range append([]string{"bulkhead-webhook", "bulkhead-agent"}, HostBinaries...) {
+	for _, name := range append([]string{"bulkhead-webhook", "bulkhead-agent", "bulkhead"}, HostBinaries...) {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o755); err != nil {
 			return "", err
 		}
@@ -269,7 +269,7 @@ func TestImagesReproducible(t *testing.T) {
 		files                  []string
 	}{
 		{Webhook, "65532:65532", "/usr/local/bin/bulkhead-webhook", []string{"usr/local/bin/bulkhead-webhook"}},
-		{NodeAgent, "0:0", "/usr/local/bin/bulkhead-agent", []string{"usr/local/bin/bulkhead-agent"}},
+		{NodeAgent, "0:0", "/usr/local/bin/bulkhead-agent", []string{"usr/local/bin/bulkhead-agent", "usr/local/bin/bulkhead"}},
 		{Installer, "0:0", "/bin/sh", []string{
 			"opt/bulkhead/installer/install.sh", "opt/bulkhead/bin/host-needs", "opt/bulkhead/bin/runc",
 			"opt/bulkhead/bin/runsc", "opt/bulkhead/bin/containerd-shim-bulkhead-v1", "opt/bulkhead/bin/containerd-shim-bulkhead-runc-v1",

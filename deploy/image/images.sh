@@ -42,8 +42,9 @@ binaries() {
 	# Static: the webhook, and the shims containerd runs on the host.
 	CGO_ENABLED=0 "$GO" build -trimpath -ldflags "$LDFLAGS" -o "$dir/" \
 		./cmd/bulkhead-webhook ./cmd/containerd-shim-bulkhead-v1 ./cmd/containerd-shim-bulkhead-runc-v1
-	# The agent loads NVML with dlopen: cgo, glibc from the base image.
-	CGO_ENABLED=1 "$GO" build -trimpath -ldflags "$LDFLAGS" -o "$dir/" ./cmd/bulkhead-agent
+	# The agent loads NVML with dlopen: cgo, glibc from the base image; so
+	# does the CLI beside it (bulkhead mig discover).
+	CGO_ENABLED=1 "$GO" build -trimpath -ldflags "$LDFLAGS" -o "$dir/" ./cmd/bulkhead-agent ./cmd/bulkhead
 	# runsc, static (it runs inside its own chroot), stamped with its version.
 	(cd / && GOWORK=off GOBIN="$dir" CGO_ENABLED=0 "$GO" install -trimpath \
 		-ldflags "-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" "gvisor.dev/gvisor/runsc@$GVISOR_VERSION")

@@ -96,8 +96,8 @@ func buildImages(repo, dir string, names ...string) ([]builtImage, error) {
 }
 
 // imageBinaries links the binaries deploy/image's specs read into dir: the
-// webhook and shims of `make build`, its mock-GPU agent (the nodes' mock
-// GPUs need it), runsc and runc of `make tools`.
+// webhook and shims of `make build`, its mock-GPU agent and CLI (the nodes'
+// mock GPUs need them), runsc and runc of `make tools`.
 func imageBinaries(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
@@ -106,7 +106,8 @@ func imageBinaries(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	paths := map[string]string{"bulkhead-agent": agent}
+	// The CLI of the same build, beside the agent.
+	paths := map[string]string{"bulkhead-agent": agent, "bulkhead": filepath.Join(filepath.Dir(agent), "bulkhead")}
 	for _, b := range append([]string{"bulkhead-webhook"}, image.HostBinaries...) {
 		p, err := node.LookPath(b)
 		if err != nil {
