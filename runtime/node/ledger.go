@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -78,6 +79,53 @@ func (r *Reservation) GPUSlices() int {
 
 var bucketSandboxes = []byte("sandboxes")
 
+// The ledger's format: its buckets and what their records mean. A release
+// that changes the meaning of a record (not just adds a field, which older
+// readers ignore) raises it and migrates older ledgers when it opens them;
+// a release that finds a newer format refuses it rather than misread it.
+// Format 1 is the first to be recorded; a ledger without one is format 1.
+const ledgerFormat = 1
+
+var (
+	bucketMeta = []byte("meta")
+	keyFormat  = []byte("format")
+)
+
+// ErrLedgerNewer is returned for a ledger written by a newer release than
+// this one: downgrading a node across a ledger format is not supported.
+var ErrLedgerNewer = errors.New("the ledger has a newer format than this build")
+
+// checkFormat refuses a ledger of a newer format and, in a writable
+// transaction, records this build's format in one that has none.
+func checkFormat(path string, btx *bolt.Tx) error {
+	meta := btx.Bucket(bucketMeta)
+	if meta == nil {
+		if !btx.Writable() {
+			return nil
+		}
+		var err error
+		if meta, err = btx.CreateBucket(bucketMeta); err != nil {
+			return err
+		}
+	}
+	v := meta.Get(keyFormat)
+	if v == nil {
+		if !btx.Writable() {
+			return nil
+		}
+		return meta.Put(keyFormat, []byte(strconv.Itoa(ledgerFormat)))
+	}
+	n, err := strconv.Atoi(string(v))
+	if err != nil {
+		return fmt.Errorf("ledger %s: format %q: %w", path, v, err)
+	}
+	if n > ledgerFormat {
+		return fmt.Errorf("%w: %s holds format %d, this build knows formats up to %d; run the release that wrote it (roll the node forward again)",
+			ErrLedgerNewer, path, n, ledgerFormat)
+	}
+	return nil
+}
+
 // ErrLedgerBusy means another shim held the ledger longer than the timeout.
 var ErrLedgerBusy = errors.New("ledger busy")
 
@@ -113,6 +161,9 @@ func (l *Ledger) Update(fn func(tx *LedgerTx) error) error {
 	}
 	defer db.Close()
 	return db.Update(func(btx *bolt.Tx) error {
+		if err := checkFormat(l.path, btx); err != nil {
+			return err
+		}
 		b, err := btx.CreateBucketIfNotExists(bucketSandboxes)
 		if err != nil {
 			return err
@@ -129,6 +180,9 @@ func (l *Ledger) View(fn func(tx *LedgerTx) error) error {
 	}
 	defer db.Close()
 	return db.View(func(btx *bolt.Tx) error {
+		if err := checkFormat(l.path, btx); err != nil {
+			return err
+		}
 		b := btx.Bucket(bucketSandboxes)
 		return fn(&LedgerTx{b: b})
 	})
