@@ -750,3 +750,58 @@ func metav1SelectorOf(s *metav1.LabelSelector) (labels.Selector, error) {
 func metav1LabelSelector(wh admissionregistrationv1.ValidatingWebhook) (labels.Selector, error) {
 	return metav1.LabelSelectorAsSelector(wh.NamespaceSelector)
 }
+
+// TestAgentSeesHostPaths: every host path the agent opens by the name the
+// host gives it is mounted in the agent container at that same path, from
+// that host directory. containerd reports a pod's network namespace as
+// /var/run/netns/<name> unless netns_mounts_under_state_dir is set, and
+// the agent enters it to find the pod's host veth: an image without a
+// /var/run -> /run link must mount it there too, or every fenced pod is
+// refused.
+func TestAgentSeesHostPaths(t *testing.T) {
+	tr := loadTree(t)
+	ds := mustFind[*appsv1.DaemonSet](t, tr, "bulkhead-node")
+	spec := ds.Spec.Template.Spec
+	var agent *corev1.Container
+	for i := range spec.Containers {
+		if spec.Containers[i].Name == "agent" {
+			agent = &spec.Containers[i]
+		}
+	}
+	if agent == nil {
+		t.Fatal("DaemonSet bulkhead-node has no agent container")
+	}
+	hostPaths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	node := nodeConfig(t)
+	for _, tc := range []struct {
+		path, host, why string
+	}{
+		{"/var/run/netns/cni-0", "/run/netns", "containerd's default netns path (netns_mounts_under_state_dir = false)"},
+		{"/run/netns/cni-0", "/run/netns", "the same directory through /run"},
+		{node.ContainerdState + "/netns/cni-0", node.ContainerdState, "netns_mounts_under_state_dir = true"},
+		{node.Netpol.PinDir + "/endpoints", "/sys/fs/bpf", "netpol.pin_dir"},
+		{node.Agent.Socket, "/run/bulkhead", "agent.socket, which the shims dial on the host"},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			best := ""
+			var from string
+			for _, m := range agent.VolumeMounts {
+				mp := strings.TrimSuffix(m.MountPath, "/")
+				if (tc.path == mp || strings.HasPrefix(tc.path, mp+"/")) && len(mp) > len(best) {
+					best, from = mp, hostPaths[m.Name]
+				}
+			}
+			if best == "" {
+				t.Fatalf("%s (%s) is on no host volume of the agent container", tc.path, tc.why)
+			}
+			if host := from + strings.TrimPrefix(tc.path, best); !strings.HasPrefix(host, tc.host+"/") && host != tc.host {
+				t.Errorf("%s (%s) is mounted from the host's %s, want under %s", tc.path, tc.why, host, tc.host)
+			}
+		})
+	}
+}
