@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	srvconfig "github.com/containerd/containerd/v2/cmd/containerd/server/config"
 )
 
@@ -245,6 +247,41 @@ func TestInstallerRegistersRuntime(t *testing.T) {
 					t.Errorf("%s left after uninstall: %v", f, err)
 				}
 			}
+			if _, err := os.Stat(filepath.Join(h.dir, "etc/bulkhead")); !os.IsNotExist(err) {
+				t.Errorf("/etc/bulkhead left after uninstall: %v", err)
+			}
 		})
+	}
+}
+
+// TestUninstallKeepsAMountPoint: on a node whose /etc/bulkhead is a mount
+// point, uninstall removes its files, keeps the directory and goes on to
+// restart containerd (it used to stop at rm's "Device or resource busy").
+func TestUninstallKeepsAMountPoint(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to bind-mount /etc/bulkhead")
+	}
+	h := newHostRoot(t, "")
+	h.run(t, "once")
+	etc := filepath.Join(h.dir, "etc/bulkhead")
+	src := t.TempDir()
+	if err := os.CopyFS(src, os.DirFS(etc)); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(src, etc, "", unix.MS_BIND, ""); err != nil {
+		t.Skipf("cannot bind-mount: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(etc, unix.MNT_DETACH) })
+	before := h.restartCount(t)
+	h.run(t, "uninstall")
+	entries, err := os.ReadDir(etc)
+	if err != nil {
+		t.Fatalf("the mount point went: %v", err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("files left in the mounted /etc/bulkhead: %v", entries)
+	}
+	if n := h.restartCount(t); n != before+1 {
+		t.Errorf("containerd restarted %d times by uninstall, want 1", n-before)
 	}
 }

@@ -299,7 +299,10 @@ uninstall() {
 	fi
 	rm -f "$HOST_ROOT/usr/local/bin/$SHIM" "$HOST_ROOT/usr/local/bin/runsc" \
 		"$HOST_ROOT/usr/local/bin/$RUNC_SHIM" "$HOST_ROOT/usr/local/bin/bulkhead-runc"
-	rm -rf "$HOST_ROOT/etc/bulkhead"
+	# Its files, then the directory itself, which a mount point (a node
+	# whose /etc/bulkhead is mounted from elsewhere) keeps.
+	rm -rf "$HOST_ROOT/etc/bulkhead" 2>/dev/null || [ -z "$(ls -A "$HOST_ROOT/etc/bulkhead")" ] ||
+		die "$HOST_ROOT/etc/bulkhead: cannot remove"
 	if [ -n "$changed" ] && [ -n "$RESTART_CONTAINERD" ]; then
 		sh -c "$RESTART_CONTAINERD" || die "restarting containerd failed: $RESTART_CONTAINERD"
 	fi
