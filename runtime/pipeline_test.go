@@ -303,3 +303,39 @@ func TestPodRefusedWhenTheFenceCannotLoad(t *testing.T) {
 		t.Fatalf("OpenPipeline with a fence that cannot load = %v, want a netpol error", err)
 	}
 }
+
+// nodeDecider records the node of the last input it decided.
+type nodeDecider struct {
+	policy.Decider
+	node *policy.Node
+}
+
+func (d *nodeDecider) Decide(ctx context.Context, in policy.Input) (policy.Decision, error) {
+	d.node = in.Node
+	return d.Decider.Decide(ctx, in)
+}
+
+func (d *nodeDecider) Unwrap() policy.Decider { return d.Decider }
+
+// TestPlaceNamesTheNode: the policy input of a placement names the node
+// (agent.node_name, else $NODE_NAME as the DaemonSet sets it), so that
+// refusals such as [gpu.no_capacity] say which node.
+func TestPlaceNamesTheNode(t *testing.T) {
+	for _, tc := range []struct{ name, configured, env, want string }{
+		{"agent.node_name", "node-7", "node-from-env", "node-7"},
+		{"NODE_NAME", "", "node-from-env", "node-from-env"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("NODE_NAME", tc.env)
+			base := testPipelineWith(t, func(c *config.Config) { c.Agent.NodeName = tc.configured })
+			d := &nodeDecider{Decider: base.decider}
+			sb, spec := sandboxSpec("research", "named", map[string]string{policy.AnnotationGPUProfile: "1g.18gb"})
+			if _, err := place(t, NewPipeline(base.node, d), sb, spec); err != nil {
+				t.Fatal(err)
+			}
+			if d.node == nil || d.node.Name != tc.want {
+				t.Errorf("the placement's input names node %+v, want %q", d.node, tc.want)
+			}
+		})
+	}
+}

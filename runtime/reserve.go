@@ -34,6 +34,8 @@ func (p *Pipeline) reserve(ctx context.Context, sb *node.Sandbox, in policy.Inpu
 			return err
 		}
 		in.Node = nodeInput(alloc, p.node.GPUs())
+		// The node's name, as refusals and decision logs name it.
+		in.Node.Name = p.node.Config().Agent.Node()
 		d, undecided, err := p.decideWithUsage(ctx, tx, sb.Namespace, &in)
 		if err != nil {
 			return err

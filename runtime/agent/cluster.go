@@ -7,7 +7,6 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"maps"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -261,7 +260,7 @@ func (a *Agent) startCluster(ctx context.Context) {
 		log.G(ctx).WithError(err).Warn("the fence learns no pod of another node")
 		return
 	}
-	w := newClusterWatch(client, nodeName(a.cfg.Agent.NodeName), fence, policy.NewNamespaceTenants(a.engine))
+	w := newClusterWatch(client, a.cfg.Agent.Node(), fence, policy.NewNamespaceTenants(a.engine))
 	a.cluster = w
 	go w.run(ctx)
 }
@@ -272,19 +271,6 @@ func (a *Agent) ClusterSync() ClusterSync {
 		return ClusterSync{}
 	}
 	return a.cluster.status()
-}
-
-// nodeName is this node's name: agent.node_name, else $NODE_NAME (the
-// DaemonSet sets it from spec.nodeName), else the host name.
-func nodeName(configured string) string {
-	if configured != "" {
-		return configured
-	}
-	if n := os.Getenv("NODE_NAME"); n != "" {
-		return n
-	}
-	n, _ := os.Hostname()
-	return n
 }
 
 func (w *clusterWatch) markDirty() {

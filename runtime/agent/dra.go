@@ -31,7 +31,7 @@ func (a *Agent) startDRA(ctx context.Context) (stop func()) {
 	var d *dra.Driver
 	if err == nil {
 		d, err = dra.New(dra.Options{
-			Pipeline: a.pipeline, NodeName: nodeName(a.cfg.Agent.NodeName), Client: client,
+			Pipeline: a.pipeline, NodeName: a.cfg.Agent.Node(), Client: client,
 			RegistrarDir: a.cfg.DRA.RegistrarDir, PluginDir: a.cfg.DRA.PluginDir,
 		})
 	}

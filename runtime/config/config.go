@@ -145,6 +145,19 @@ type AgentConfig struct {
 	NodeName string `toml:"node_name"`
 }
 
+// Node returns this node's name: NodeName, else $NODE_NAME, else the host
+// name.
+func (a AgentConfig) Node() string {
+	if a.NodeName != "" {
+		return a.NodeName
+	}
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n
+	}
+	n, _ := os.Hostname()
+	return n
+}
+
 // PipelineConfig switches the placement pipeline.
 type PipelineConfig struct {
 	// Enabled runs the pipeline for every sandbox. When false the shim only
