@@ -30,11 +30,7 @@ const (
 )
 
 func (m *Manager) linkPin(ifindex int, dir Direction) string {
-	return linkPinPath(m.opts.PinDir, ifindex, dir)
-}
-
-func linkPinPath(pinDir string, ifindex int, dir Direction) string {
-	return filepath.Join(pinDir, "links", fmt.Sprintf("%d-%s", ifindex, dir))
+	return filepath.Join(m.opts.PinDir, "links", fmt.Sprintf("%d-%s", ifindex, dir))
 }
 
 // attach puts both programs on the interface: TCX links at the head of the
@@ -50,7 +46,7 @@ func (m *Manager) attach(ifindex int, clsact bool) (attachMode, error) {
 			return "", err
 		}
 	}
-	return attachClsact, m.dp.attachClsact(ifindex)
+	return attachClsact, m.attachClsact(ifindex)
 }
 
 func (m *Manager) attachTCX(ifindex int) error {
@@ -97,7 +93,7 @@ func clsactParent(dir Direction) uint32 {
 	return netlink.HANDLE_MIN_EGRESS
 }
 
-func (d *datapath) attachClsact(ifindex int) error {
+func (m *Manager) attachClsact(ifindex int) error {
 	qdisc := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
 		QdiscType:  "clsact",
@@ -111,7 +107,7 @@ func (d *datapath) attachClsact(ifindex int) error {
 				LinkIndex: ifindex, Parent: clsactParent(dir), Handle: clsactHandle,
 				Priority: clsactPriority, Protocol: unix.ETH_P_ALL,
 			},
-			Fd:           d.program(dir).FD(),
+			Fd:           m.dp.program(dir).FD(),
 			Name:         clsactName,
 			DirectAction: true,
 		}
@@ -120,44 +116,6 @@ func (d *datapath) attachClsact(ifindex int) error {
 		}
 	}
 	return nil
-}
-
-// swapPrograms puts d's programs in place of those every endpoint pinned
-// in pinDir runs, each swap atomic (a TCX link update, a cls_bpf filter
-// replace), and returns how many endpoints it swapped. An endpoint whose
-// interface is gone is skipped: the sweep removes it.
-func (d *datapath) swapPrograms(pinDir string) (int, error) {
-	eps, err := d.allEndpoints()
-	if err != nil {
-		return 0, fmt.Errorf("endpoints: %w", err)
-	}
-	n := 0
-	for idx, v := range eps {
-		l, err := netlink.LinkByIndex(int(idx))
-		if err != nil || l.Attrs().Name != v.ifname() {
-			continue
-		}
-		if v.Flags&flagClsact != 0 {
-			if err := d.attachClsact(int(idx)); err != nil {
-				return n, fmt.Errorf("endpoint %s: %w", v.sandbox(), err)
-			}
-			n++
-			continue
-		}
-		for _, dir := range []Direction{FromPod, ToPod} {
-			l, err := link.LoadPinnedLink(linkPinPath(pinDir, int(idx), dir), nil)
-			if err != nil {
-				return n, fmt.Errorf("endpoint %s: pinned %s link: %w", v.sandbox(), dir, err)
-			}
-			err = l.Update(d.program(dir))
-			l.Close()
-			if err != nil {
-				return n, fmt.Errorf("endpoint %s: swap the %s program: %w", v.sandbox(), dir, err)
-			}
-		}
-		n++
-	}
-	return n, nil
 }
 
 // detach removes both programs from the interface; an interface or link that

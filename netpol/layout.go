@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 )
 
 // The layout of the pinned fence: which maps exist, their key and value
@@ -100,17 +101,14 @@ var migrations = map[uint32]func(pinDir string, m *Migration) error{
 	1: migrateDropKeys,
 }
 
-// migrateLayout brings the fence pinned in pinDir to layoutVersion. It
-// returns nil when there was nothing to migrate. The caller holds the
+// migrateLayout brings the fence pinned in pinDir, of layout v
+// (pinnedLayout), to layoutVersion. It returns nil when there was nothing
+// to migrate. The caller holds the
 // node lock, so no other process changes the maps meanwhile; the packets
 // of running pods are judged throughout, by the old programs on the old
 // maps until each pod's programs are swapped, by the new ones after.
-func migrateLayout(pinDir string) (*Migration, error) {
+func migrateLayout(pinDir string, v uint32) (*Migration, error) {
 	start := time.Now()
-	v, err := pinnedLayout(pinDir)
-	if err != nil {
-		return nil, err
-	}
 	switch {
 	case v == 0 || v == layoutVersion:
 		return nil, nil
@@ -215,6 +213,30 @@ func migrateDropKeys(pinDir string, mig *Migration) error {
 		return fmt.Errorf("pin map %s: %w", mapDrops, err)
 	}
 	return nil
+}
+
+// swapPrograms puts d's programs in place of those every endpoint pinned in
+// pinDir runs, through the attach of a re-registration (a TCX link update,
+// a cls_bpf filter replace: atomic, no gap), and returns how many endpoints
+// it swapped. An endpoint whose interface is gone is skipped: the sweep
+// removes it.
+func (d *datapath) swapPrograms(pinDir string) (int, error) {
+	eps, err := d.allEndpoints()
+	if err != nil {
+		return 0, fmt.Errorf("endpoints: %w", err)
+	}
+	m := &Manager{opts: Options{PinDir: pinDir}, dp: d}
+	n := 0
+	for idx, v := range eps {
+		if l, err := netlink.LinkByIndex(int(idx)); err != nil || l.Attrs().Name != v.ifname() {
+			continue
+		}
+		if _, err := m.attach(int(idx), v.Flags&flagClsact != 0); err != nil {
+			return n, fmt.Errorf("endpoint %s: %w", v.sandbox(), err)
+		}
+		n++
+	}
+	return n, nil
 }
 
 // layout1Counters reads every per-CPU counter of a layout-1 drop map.

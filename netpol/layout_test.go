@@ -32,7 +32,7 @@ func attachedPrograms(t *testing.T, pinDir string, p *testPod, clsact bool) []eb
 			}
 			continue
 		}
-		pl, err := link.LoadPinnedLink(linkPinPath(pinDir, l.Attrs().Index, dir), nil)
+		pl, err := link.LoadPinnedLink((&Manager{opts: Options{PinDir: pinDir}}).linkPin(l.Attrs().Index, dir), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

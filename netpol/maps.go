@@ -42,7 +42,11 @@ func loadDatapath(pinDir string) (*datapath, *Migration, error) {
 		d, err := newDatapath("", nil)
 		return d, nil, err
 	}
-	mig, err := migrateLayout(pinDir)
+	v, err := pinnedLayout(pinDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	mig, err := migrateLayout(pinDir, v)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -50,8 +54,8 @@ func loadDatapath(pinDir string) (*datapath, *Migration, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if mig == nil {
-		// A fence pinned for the first time, or already this layout.
+	if v == 0 {
+		// A fence pinned for the first time.
 		if err := writeLayout(pinDir, layoutVersion); err != nil {
 			d.close()
 			return nil, nil, err
