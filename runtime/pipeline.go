@@ -22,6 +22,9 @@ type Pipeline struct {
 	// namespace, so that reserve asks the policy once per pod.
 	tenants *policy.NamespaceTenants
 	failAt  string
+	// nodeName is the node's name in the policy input (agent.node_name,
+	// else $NODE_NAME, else the host name), resolved once.
+	nodeName string
 }
 
 // NewPipeline assembles a pipeline that places pods on n as d decides. A
@@ -36,7 +39,8 @@ func NewPipeline(n *node.Node, d policy.Decider) *Pipeline {
 		}
 		inner = w.Unwrap()
 	}
-	return &Pipeline{node: n, decider: d, tenants: policy.NewNamespaceTenants(inner), failAt: failAtFromEnv()}
+	return &Pipeline{node: n, decider: d, tenants: policy.NewNamespaceTenants(inner), failAt: failAtFromEnv(),
+		nodeName: n.Config().Agent.Node()}
 }
 
 // OpenPipeline opens the node and the policy engine named by the

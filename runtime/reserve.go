@@ -35,7 +35,7 @@ func (p *Pipeline) reserve(ctx context.Context, sb *node.Sandbox, in policy.Inpu
 		}
 		in.Node = nodeInput(alloc, p.node.GPUs())
 		// The node's name, as refusals and decision logs name it.
-		in.Node.Name = p.node.Config().Agent.Node()
+		in.Node.Name = p.nodeName
 		d, undecided, err := p.decideWithUsage(ctx, tx, sb.Namespace, &in)
 		if err != nil {
 			return err
