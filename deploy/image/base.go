@@ -81,6 +81,16 @@ func ociEmpty() v1.Image {
 	return mutate.ConfigMediaType(img, types.OCIConfigJSON)
 }
 
+// DebDir is where `make images` keeps the pinned .debs: TOOLS_DIR/debs,
+// TOOLS_DIR being ~/.cache/bulkhead/tools unless set, as the Makefile has it.
+func DebDir() string {
+	if d := os.Getenv("TOOLS_DIR"); d != "" {
+		return filepath.Join(d, "debs")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache/bulkhead/tools/debs")
+}
+
 // LoadBase makes the base from the lock's .debs in debDir (fetched with
 // `apt-get download` when fetch is set and one is missing), each checked
 // against its pinned sha256, and refuses a base whose digest is not the

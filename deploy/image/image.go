@@ -38,6 +38,10 @@ import (
 // serves it: the archives are imported on the nodes (docs/release.md).
 const Registry = "bulkhead.local"
 
+// Source is the repository the images are built from (their
+// org.opencontainers.image.source).
+const Source = "https://github.com/bulkhead-runtime/bulkhead"
+
 // The images.
 const (
 	Webhook   = "bulkhead-webhook"

@@ -72,7 +72,7 @@ func TestCheckedInLock(t *testing.T) {
 // TestLoadBaseMatchesLock builds the base from the pinned .debs, when they
 // are in the tools cache, and checks the lock's digest is what they give.
 func TestLoadBaseMatchesLock(t *testing.T) {
-	debs := debDir()
+	debs := DebDir()
 	l, err := ReadLock("base.lock")
 	if err != nil {
 		t.Fatal(err)
@@ -118,14 +118,6 @@ func TestLoadBaseMatchesLock(t *testing.T) {
 	if _, err := LoadBase(l, debs, false); err == nil || !strings.Contains(err.Error(), "not the pinned package") {
 		t.Fatalf("LoadBase with another .deb sha256: %v", err)
 	}
-}
-
-func debDir() string {
-	if d := os.Getenv("TOOLS_DIR"); d != "" {
-		return filepath.Join(d, "debs")
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".cache/bulkhead/tools/debs")
 }
 
 // testBinaries writes a small static Go binary of this test's Go release
@@ -231,7 +223,7 @@ func testMeta() Meta {
 	return Meta{
 		Version:   "v0.9.0-3-gabcdef0",
 		Revision:  "abcdef0123456789abcdef0123456789abcdef01",
-		Source:    "https://github.com/bulkhead-runtime/bulkhead",
+		Source:    Source,
 		GoRelease: runtime.Version(),
 		Created:   time.Unix(1764800000, 0).UTC(),
 	}

@@ -56,12 +56,12 @@ func buildImages(repo, dir string, names ...string) ([]builtImage, error) {
 	if err != nil {
 		return nil, err
 	}
-	base, err := image.LoadBase(lock, debDir(), true)
+	base, err := image.LoadBase(lock, image.DebDir(), true)
 	if err != nil {
 		return nil, fmt.Errorf("images: %w", err)
 	}
 	meta := image.Meta{
-		Version: ImageTag, Revision: revision, Source: "https://github.com/bulkhead-runtime/bulkhead",
+		Version: ImageTag, Revision: revision, Source: image.Source,
 		GoRelease: bi.GoVersion, Created: base.Created,
 	}
 	specs, err := image.Specs(bins, filepath.Join(repo, "deploy/node/install.sh"), meta)
@@ -121,14 +121,6 @@ func imageBinaries(dir string) (string, error) {
 		}
 	}
 	return dir, nil
-}
-
-func debDir() string {
-	if d := os.Getenv("TOOLS_DIR"); d != "" {
-		return filepath.Join(d, "debs")
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".cache/bulkhead/tools/debs")
 }
 
 // importImage imports b into the node's containerd (namespace k8s.io, the

@@ -24,7 +24,7 @@ func main() {
 	flag.StringVar(&opts.Out, "out", "bin/images", "where the OCI archives are written")
 	flag.StringVar(&opts.Meta.Version, "version", "", "the release, also the tag")
 	flag.StringVar(&opts.Meta.Revision, "revision", "", "the commit")
-	flag.StringVar(&opts.Meta.Source, "source", "https://github.com/bulkhead-runtime/bulkhead", "the repository's URL")
+	flag.StringVar(&opts.Meta.Source, "source", image.Source, "the repository's URL")
 	flag.StringVar(&opts.Meta.GoRelease, "go", "", "the Go release every binary must be built with")
 	flag.StringVar(&epoch, "source-date-epoch", os.Getenv("SOURCE_DATE_EPOCH"), "the images' time, seconds since 1970 (the commit's)")
 	flag.Parse()
