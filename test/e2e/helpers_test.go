@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -28,7 +29,8 @@ func startNode(t testing.TB, opts node.Options) *node.Node {
 		t.Skipf("e2e: %v", err)
 	}
 	seq := nodeSeq.Add(1)
-	opts.BinDir = bins
+	// A caller's directories first (the upgrade test's installed release).
+	opts.BinDir = append(opts.BinDir, bins...)
 	if opts.Dir == "" {
 		dir, err := os.MkdirTemp("", "bh-e2e-")
 		if err != nil {
@@ -40,7 +42,7 @@ func startNode(t testing.TB, opts node.Options) *node.Node {
 		opts.Bridge = fmt.Sprintf("bh%d-%d", os.Getpid()%100000, seq)
 	}
 	if opts.Subnet == "" {
-		opts.Subnet = fmt.Sprintf("10.%d.%d.0/24", 200+int(seq)%50, os.Getpid()%250)
+		opts.Subnet = nodeSubnet(seq)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -57,6 +59,22 @@ func startNode(t testing.TB, opts node.Options) *node.Node {
 		n.Stop(context.Background())
 	})
 	return n
+}
+
+// nodeSubnet is the pod CIDR of the node numbered seq (nodeSeq).
+func nodeSubnet(seq int32) string {
+	return fmt.Sprintf("10.%d.%d.0/24", 200+int(seq)%50, os.Getpid()%250)
+}
+
+// regoBundle is the repository's policy bundle directory, rego/.
+func regoBundle(t testing.TB) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	bundle, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", "..", "rego"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bundle
 }
 
 func tail(s string, lines int) string {

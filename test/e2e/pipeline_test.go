@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -64,11 +63,7 @@ func startPipelineNodeTenants(t testing.TB, dualStack bool, tenantsJSON string) 
 	if err != nil {
 		t.Skipf("e2e: %v", err)
 	}
-	_, file, _, _ := runtime.Caller(0)
-	bundle, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", "..", "rego"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bundle := regoBundle(t)
 	dir, err := os.MkdirTemp("", "bh-e2e-")
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +78,7 @@ func startPipelineNodeTenants(t testing.TB, dualStack bool, tenantsJSON string) 
 	if err := os.WriteFile(pn.failFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	subnet := fmt.Sprintf("10.%d.%d.0/24", 200+int(seq)%50, os.Getpid()%250)
+	subnet := nodeSubnet(seq)
 	var subnet6 string
 	if dualStack {
 		subnet6 = fmt.Sprintf("fd%02x:%x:%x::/64", 0xb0+int(seq)%16, os.Getpid()%0xffff, seq)

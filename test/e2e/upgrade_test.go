@@ -454,16 +454,12 @@ type upgradeNode struct {
 // the fence) running rel's shims and agent.
 func startUpgradeNode(t *testing.T, rel release) *upgradeNode {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	bundle, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", "..", "rego"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bundle := regoBundle(t)
 	dir, err := os.MkdirTemp("", "bh-e2e-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	seq := nodeSeq.Add(1)
+	seq := nodeSeq.Load() + 1 // the number startNode gives it
 	un := &upgradeNode{
 		pipelineNode: &pipelineNode{
 			pinDir:   fmt.Sprintf("/sys/fs/bpf/bh-e2e-%d-%d", os.Getpid(), seq),
@@ -473,7 +469,7 @@ func startUpgradeNode(t *testing.T, rel release) *upgradeNode {
 		bin: filepath.Join(dir, "installed"),
 	}
 	un.install(t, rel)
-	subnet := fmt.Sprintf("10.%d.%d.0/24", 200+int(seq)%50, os.Getpid()%250)
+	subnet := nodeSubnet(seq)
 	extra, err := node.Pipeline{Bundle: bundle, TenantsJSON: e2eTenants, MockModel: "h200", MockGPUs: 1, PinDir: un.pinDir,
 		Signed: true, BinDirs: node.BinDirs()}.ShimConfig(dir, subnet)
 	if err != nil {
@@ -482,25 +478,11 @@ func startUpgradeNode(t *testing.T, rel release) *upgradeNode {
 	t.Cleanup(func() { _ = os.RemoveAll(un.pinDir) })
 	// The installed directory first: the node registers its shims (the
 	// runc tier's too, found there) and runs its agent.
-	opts := node.Options{
-		Dir: dir, BinDir: append([]string{un.bin}, node.BinDirs()...), Subnet: subnet,
-		Bridge: fmt.Sprintf("bh%d-%d", os.Getpid()%100000, seq),
-		Shim:   un.installed(gvisorShim), Agent: un.installed(agentBin),
+	un.Node = startNode(t, node.Options{
+		Dir: dir, BinDir: []string{un.bin}, Subnet: subnet,
+		Shim: un.installed(gvisorShim), Agent: un.installed(agentBin),
 		PipelineEnabled: true, ShimConfig: extra,
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	n, err := node.Start(sctx, opts)
-	if err != nil {
-		t.Fatalf("start node on the %s: %v", rel.name, err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("containerd and agent logs (tail):\n%s", tail(n.Log(), 120))
-		}
-		n.Stop(context.Background())
 	})
-	un.Node = n
 	return un
 }
 
