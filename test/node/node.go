@@ -16,7 +16,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/template"
 	"time"
@@ -116,6 +119,22 @@ type Options struct {
 	// a real node's containerd defaults to, runc without Bulkhead
 	// (test/cluster: Bulkhead's own webhook pods name no RuntimeClass).
 	DefaultRuntime string
+	// PrivateRoot makes the node a machine of its own as far as Bulkhead's
+	// install can tell, for deploy/'s DaemonSet to install itself on:
+	// containerd runs in a mount namespace of the node's (Node.Command
+	// runs the kubelet there too) in which RootPaths are the node's own
+	// directories (<Dir>/root; Node.HostPath maps them), with a real
+	// node's configuration at /etc/containerd/config.toml (root
+	// /var/lib/containerd, state and socket in /run/containerd, CDI specs
+	// in /var/run/cdi, network namespaces in /var/run/netns) and no
+	// Bulkhead runtime registered: the installer registers them, through
+	// the drop-in and import it writes, and restarts containerd by killing
+	// the pid in /run/containerd/containerd.pid. containerd exited other
+	// than through Stop or RestartContainerd is started again, as systemd
+	// would. The node runs no agent of its own (PipelineEnabled, Agent*,
+	// Shim and ShimConfig must be unset), and DefaultRuntime must be
+	// UpstreamRuncHandler: the DaemonSet's pods run on runc.
+	PrivateRoot bool
 }
 
 // Node is a running private node.
@@ -132,8 +151,8 @@ type Node struct {
 	logFile   *os.File
 	// exited is closed when containerd has exited.
 	exited chan struct{}
-	// containerd is the daemon's binary.
-	containerd string
+	// containerd is the daemon's binary, containerdConfig its file.
+	containerd, containerdConfig string
 	// UpstreamRunscRoot is the runsc root of the pods of gVisor's own shim
 	// (handler UpstreamRunscHandler), apart from Bulkhead's RunscRoot.
 	UpstreamRunscRoot string
@@ -144,6 +163,13 @@ type Node struct {
 	// agent is the agent's last process, running or exited; nil before
 	// the first start.
 	agent *agentProcess
+	// root is the node's mount namespace (Options.PrivateRoot), or nil.
+	root *root
+	// mu guards cmd, exited and stopping: containerd's supervisor
+	// (Options.PrivateRoot) replaces cmd when containerd exits unasked.
+	mu sync.Mutex
+	// stopping is set while containerd is stopped on purpose.
+	stopping bool
 }
 
 // Requirements reports what this machine lacks to run a node, or nil.
@@ -242,8 +268,8 @@ func BinDirs() []string {
 }
 
 var containerdConfig = template.Must(template.New("containerd").Parse(`version = 3
-root = "{{.Dir}}/root"
-state = "{{.Dir}}/state"
+root = "{{.Root}}"
+state = "{{.State}}"
 [grpc]
   address = "{{.Socket}}"
 [ttrpc]
@@ -256,7 +282,7 @@ state = "{{.Dir}}/state"
     sandbox = "{{.PauseImage}}"
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
+  netns_mounts_under_state_dir = {{.NetnsUnderState}}
   enable_selinux = false
 {{- if .CDISpecDir}}
   enable_cdi = true
@@ -264,10 +290,12 @@ state = "{{.Dir}}/state"
 {{- end}}
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "{{.DefaultRuntime}}"
+{{- if .Shim}}
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.Handler}}]
       runtime_type = "io.containerd.bulkhead.v1"
       runtime_path = "{{.Shim}}"
       pod_annotations = ["bulkhead.dev/*"]
+{{- end}}
 {{- if .RuncShim}}
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{{.RuncHandler}}]
       runtime_type = "io.containerd.bulkhead-runc.v1"
@@ -330,6 +358,9 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	if opts.Bridge == "" || len(opts.Bridge) > 15 {
 		return nil, fmt.Errorf("bridge %q: must be 1 to 15 bytes", opts.Bridge)
 	}
+	if err := opts.validatePrivateRoot(); err != nil {
+		return nil, err
+	}
 	if opts.Busybox == "" {
 		opts.Busybox = images.DefaultBusybox
 	}
@@ -342,6 +373,10 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 		ShimConf:          filepath.Join(opts.Dir, "bulkhead.toml"),
 		agentBin:          opts.Agent,
 		agentSocket:       filepath.Join(opts.Dir, "agent.sock"),
+	}
+	if opts.PrivateRoot {
+		n.Socket = filepath.Join(opts.Dir, "root", "run/containerd/containerd.sock")
+		n.StateDir, n.ShimConf, n.agentSocket = "", "", ""
 	}
 	// A unix socket's path is at most 107 bytes (sun_path).
 	for _, sock := range []string{n.Socket, n.agentSocket} {
@@ -357,9 +392,15 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 			n.Stop(context.Background())
 		}
 	}()
+	if opts.PrivateRoot {
+		var err error
+		if n.root, err = startRoot(opts.Dir); err != nil {
+			return nil, err
+		}
+	}
 	shim := opts.Shim
 	var err error
-	if shim == "" {
+	if shim == "" && !opts.PrivateRoot {
 		shim, err = lookPath("containerd-shim-bulkhead-v1", opts.BinDir)
 	}
 	if err != nil {
@@ -375,7 +416,10 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	}
 	// The runc tier (handler bulkhead-runc) is registered where its shim
 	// and a runc are built (make build tools).
-	runcShim, _ := lookPath("containerd-shim-bulkhead-runc-v1", opts.BinDir)
+	var runcShim string
+	if !opts.PrivateRoot {
+		runcShim, _ = lookPath("containerd-shim-bulkhead-runc-v1", opts.BinDir)
+	}
 	runc, _ := lookPath("runc", opts.BinDir)
 	upstreamRuncShim, _ := lookPath("containerd-shim-runc-v2", opts.BinDir)
 	if runc == "" {
@@ -401,13 +445,21 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	}
 	data := map[string]string{
 		"Dir": opts.Dir, "Socket": n.Socket, "PauseImage": images.PauseImage, "Handler": Handler, "DefaultRuntime": defaultRuntime,
+		"Root": filepath.Join(opts.Dir, "root"), "State": filepath.Join(opts.Dir, "state"), "NetnsUnderState": "true",
 		"Shim": shim, "Bridge": opts.Bridge, "Subnet": opts.Subnet, "Subnet6": opts.Subnet6, "Routed": map[bool]string{true: "yes"}[opts.Routed],
 		"RuncShim": runcShim, "RuncHandler": RuncHandler, "Runc": runc,
 		"UpstreamRuncShim": upstreamRuncShim, "UpstreamRuncHandler": UpstreamRuncHandler,
 		"UpstreamRunscShim": upstreamRunscShim, "UpstreamRunscHandler": UpstreamRunscHandler,
 		"UpstreamRunscConfig": upstreamRunscConfig, "CDISpecDir": opts.CDISpecDir,
 	}
-	if err := writeTemplate(filepath.Join(opts.Dir, "containerd.toml"), containerdConfig, data); err != nil {
+	n.containerdConfig = filepath.Join(opts.Dir, "containerd.toml")
+	if opts.PrivateRoot {
+		// A real node's paths, inside the node's namespace.
+		data["Root"], data["State"], data["NetnsUnderState"] = "/var/lib/containerd", "/run/containerd", "false"
+		data["Socket"], data["CDISpecDir"] = "/run/containerd/containerd.sock", "/var/run/cdi"
+		n.containerdConfig = n.HostPath("/etc/containerd/config.toml")
+	}
+	if err := writeTemplate(n.containerdConfig, containerdConfig, data); err != nil {
 		return nil, err
 	}
 	if err := writeTemplate(filepath.Join(opts.Dir, "cni", "10-bulkhead.conflist"), cniConfig, data); err != nil {
@@ -421,8 +473,10 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 	if runc == "" {
 		runc = "/usr/local/bin/runc" // not used: the runc tier is not registered
 	}
-	if err := os.WriteFile(n.ShimConf, []byte(n.nodeFile(runsc, runc)), 0o644); err != nil {
-		return nil, err
+	if !opts.PrivateRoot {
+		if err := os.WriteFile(n.ShimConf, []byte(n.nodeFile(runsc, runc)), 0o644); err != nil {
+			return nil, err
+		}
 	}
 	if opts.PipelineEnabled {
 		// The agent serves before containerd starts, as on a node whose
@@ -453,6 +507,27 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 		return nil, err
 	}
 	return n, nil
+}
+
+// validatePrivateRoot refuses what a node with PrivateRoot cannot have,
+// naming the field.
+func (o Options) validatePrivateRoot() error {
+	if !o.PrivateRoot {
+		return nil
+	}
+	for field, set := range map[string]bool{
+		"PipelineEnabled": o.PipelineEnabled, "Agent": o.Agent != "", "AgentKubeconfig": o.AgentKubeconfig != "",
+		"AgentNodeName": o.AgentNodeName != "", "AgentMetricsAddress": o.AgentMetricsAddress != "",
+		"Shim": o.Shim != "", "ShimConfig": o.ShimConfig != "", "CDISpecDir": o.CDISpecDir != "",
+	} {
+		if set {
+			return fmt.Errorf("node: Options.%s: must be unset with PrivateRoot (the DaemonSet installs Bulkhead)", field)
+		}
+	}
+	if o.DefaultRuntime != UpstreamRuncHandler {
+		return fmt.Errorf("node: Options.DefaultRuntime %q: must be %q with PrivateRoot (the DaemonSet's pods run on runc)", o.DefaultRuntime, UpstreamRuncHandler)
+	}
+	return nil
 }
 
 // nodeFile is the node's configuration file (config.toml; the agent and
@@ -566,25 +641,18 @@ func HasCapability(capability int) (bool, error) {
 
 // startContainerd starts the daemon and waits until its CRI answers.
 func (n *Node) startContainerd(ctx context.Context) error {
-	n.cmd = exec.Command(n.containerd, "--config", filepath.Join(n.opts.Dir, "containerd.toml"))
-	n.cmd.Stdout, n.cmd.Stderr = n.logFile, n.logFile
-	n.cmd.Env = n.env()
-	// containerd must outlive a Ctrl-C of the parent long enough to be
-	// stopped in order; give it its own process group.
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := n.cmd.Start(); err != nil {
-		return fmt.Errorf("start containerd: %w", err)
+	n.mu.Lock()
+	n.stopping = false
+	exited, err := n.spawnContainerd()
+	n.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	n.exited = exited
-	var waitErr error
-	cmd := n.cmd
-	go func() { waitErr = cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
 		case <-exited:
-			return fmt.Errorf("containerd exited: %v (log %s)", waitErr, n.logFile.Name())
+			return fmt.Errorf("containerd exited (log %s)", n.logFile.Name())
 		default:
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -600,12 +668,65 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	}
 }
 
+// spawnContainerd starts containerd (in the node's namespace with
+// PrivateRoot, recording its pid in /run/containerd/containerd.pid) and
+// returns the channel closed when it exits. n.mu is held. With PrivateRoot,
+// a containerd that exits unasked (not stopping) is started again.
+func (n *Node) spawnContainerd() (<-chan struct{}, error) {
+	args := []string{n.containerd, "--config", n.containerdConfig}
+	if n.root != nil {
+		args = append(n.root.enter(), args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = n.logFile, n.logFile
+	cmd.Env = n.env()
+	// containerd must outlive a Ctrl-C of the parent long enough to be
+	// stopped in order; give it its own process group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start containerd: %w", err)
+	}
+	if n.root != nil {
+		// nsenter execs containerd: the pid is containerd's.
+		pidFile := n.HostPath("/run/containerd/containerd.pid")
+		if err := os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, err
+		}
+	}
+	exited := make(chan struct{})
+	n.cmd, n.exited = cmd, exited
+	go func() {
+		err := cmd.Wait()
+		if n.root != nil {
+			// systemd's RestartSec: a containerd that cannot start does
+			// not spin.
+			time.Sleep(500 * time.Millisecond)
+		}
+		n.mu.Lock()
+		if n.root != nil && !n.stopping {
+			fmt.Fprintf(n.logFile, "--- test/node: containerd exited (%v); starting it again, as systemd would\n", err)
+			if _, err := n.spawnContainerd(); err != nil {
+				fmt.Fprintf(n.logFile, "--- test/node: %v\n", err)
+			}
+		}
+		n.mu.Unlock()
+		close(exited)
+	}()
+	return exited, nil
+}
+
 // env is the environment of containerd (and so of the shims) and of the
 // agent: the node's file, its binaries first on PATH, then Options.Env.
+// With PrivateRoot the shims read a real node's file,
+// /etc/bulkhead/config.toml, the installer's.
 func (n *Node) env() []string {
 	env := append(os.Environ(),
-		config.PathEnv+"="+n.ShimConf,
 		"PATH="+strings.Join(append(append([]string{}, n.opts.BinDir...), os.Getenv("PATH")), ":"))
+	if n.root == nil {
+		env = append(env, config.PathEnv+"="+n.ShimConf)
+	}
 	return append(env, n.opts.Env...)
 }
 
@@ -618,15 +739,24 @@ func (n *Node) RestartContainerd(ctx context.Context) error {
 
 // stopContainerd sends SIGTERM and waits, killing after 15 seconds.
 func (n *Node) stopContainerd() {
-	if !n.running() {
+	n.mu.Lock()
+	n.stopping = true
+	cmd, exited := n.cmd, n.exited
+	n.mu.Unlock()
+	if cmd == nil {
 		return
 	}
-	_ = n.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-n.exited:
+	case <-exited:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
 	case <-time.After(15 * time.Second):
-		_ = n.cmd.Process.Kill()
-		<-n.exited
+		_ = cmd.Process.Kill()
+		<-exited
 	}
 }
 
@@ -682,6 +812,45 @@ func (n *Node) Log() string {
 // Dir returns the node's directory.
 func (n *Node) Dir() string { return n.opts.Dir }
 
+// HostPath is the host's view of path p of the node: with PrivateRoot, p
+// under one of RootPaths is <Dir>/root/p; any other path is p.
+func (n *Node) HostPath(p string) string {
+	if n.root == nil {
+		return p
+	}
+	return n.root.path(p)
+}
+
+// Command is name with args run in the node's mount namespace (the
+// kubelet's, a `bulkhead node status`), or on the host without
+// PrivateRoot.
+func (n *Node) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	if n.root == nil {
+		return exec.CommandContext(ctx, name, args...)
+	}
+	e := n.root.enter()
+	return exec.CommandContext(ctx, e[0], append(append(e[1:], name), args...)...)
+}
+
+// EnterArgs is the command line that runs a command in the node's mount
+// namespace (nsenter ... --), or nil without PrivateRoot.
+func (n *Node) EnterArgs() []string {
+	if n.root == nil {
+		return nil
+	}
+	return n.root.enter()
+}
+
+// Processes lists the processes of the node: with PrivateRoot those of its
+// mount namespace (containerd, the kubelet, the shims), else those whose
+// command line names its directory (ProcessesUnder).
+func (n *Node) Processes() []int {
+	if n.root == nil {
+		return ProcessesUnder(n.opts.Dir)
+	}
+	return n.root.processes()
+}
+
 // Stop removes every pod, stops containerd, then the agent (which must
 // outlive the pods' deletion: their shims release them through it), and
 // removes what the node left: processes and mounts under its directory,
@@ -701,6 +870,9 @@ func (n *Node) Stop(ctx context.Context) {
 		_ = n.StopAgent(cctx)
 		cancel()
 	}
+	if n.root != nil {
+		n.root.stop()
+	}
 	KillUnder(n.opts.Dir)
 	UnmountUnder(n.opts.Dir)
 	_ = exec.Command("ip", "link", "del", n.opts.Bridge).Run()
@@ -711,23 +883,38 @@ func (n *Node) Stop(ctx context.Context) {
 }
 
 func (n *Node) running() bool {
-	if n.exited == nil {
+	n.mu.Lock()
+	exited := n.exited
+	n.mu.Unlock()
+	if exited == nil {
 		return false
 	}
 	select {
-	case <-n.exited:
+	case <-exited:
 		return false
 	default:
 		return true
 	}
 }
 
-// RemoveAllPods stops and removes every pod sandbox.
+// RemoveAllPods stops and removes every pod sandbox, those of namespace
+// bulkhead-system last: a DaemonSet's agent must outlive the pods whose
+// shims release them through it.
 func (n *Node) RemoveAllPods(ctx context.Context) {
 	resp, err := n.Runtime.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
 	if err != nil {
 		return
 	}
+	last := func(sb *cri.PodSandbox) bool { return sb.GetMetadata().GetNamespace() == "bulkhead-system" }
+	slices.SortStableFunc(resp.Items, func(a, b *cri.PodSandbox) int {
+		switch {
+		case last(a) == last(b):
+			return 0
+		case last(a):
+			return 1
+		}
+		return -1
+	})
 	for _, sb := range resp.Items {
 		_, _ = n.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id})
 		_, _ = n.Runtime.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.Id})
