@@ -250,6 +250,16 @@ func TestInstallerRegistersRuntime(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(h.dir, "etc/bulkhead")); !os.IsNotExist(err) {
 				t.Errorf("/etc/bulkhead left after uninstall: %v", err)
 			}
+			// The marker the agent's readiness probe passes on while the
+			// rollout of remove goes on; a new install takes it away.
+			marker := filepath.Join(h.dir, "run/bulkhead/removed")
+			if _, err := os.Stat(marker); err != nil {
+				t.Errorf("no /run/bulkhead/removed after uninstall: %v", err)
+			}
+			h.run(t, "once")
+			if _, err := os.Stat(marker); !os.IsNotExist(err) {
+				t.Errorf("/run/bulkhead/removed left by a new install: %v", err)
+			}
 		})
 	}
 }

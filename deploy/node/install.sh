@@ -9,6 +9,11 @@
 #   install.sh remove      uninstall, then stay running (the DaemonSet's
 #                          command during an uninstall, docs/install.md)
 #
+# Uninstall leaves REMOVED_MARKER on the host, which install removes: the
+# agent container's readiness probe passes on it, so that the rollout of
+# `remove` (whose agent waits for a config.toml that is gone) completes on
+# one node and goes on to the next.
+#
 # Before it copies anything it checks that the host has what the host
 # binaries need (HOST_NEEDS; all four are static in `make images`' image).
 # The host's root file system is mounted at HOST_ROOT. Every host file is
@@ -41,6 +46,8 @@ HOST_NEEDS=${HOST_NEEDS:-$BIN_SRC/host-needs}
 HOST_LIB_DIRS=${HOST_LIB_DIRS:-/usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 /lib64 /usr/lib /lib}
 SYNC_SECONDS=${SYNC_SECONDS:-30}
 READY_FILE=${READY_FILE:-/tmp/bulkhead-ready}
+# REMOVED_MARKER, a host path: Bulkhead was removed from this node.
+REMOVED_MARKER=${REMOVED_MARKER:-/run/bulkhead/removed}
 # GPU_NODE says whether this node is a GPU node, whose config.toml is
 # CONFIG_SRC with GPU_CONFIG_SRC ([mig] backend = "nvml", [dra]) appended:
 # "auto" where the NVIDIA driver is loaded (NVIDIA_DRIVER_PROC exists; the
@@ -266,6 +273,7 @@ install() {
 	put "$BIN_SRC/runc" /usr/local/bin/bulkhead-runc 0755 >/dev/null
 	sync_files >/dev/null
 	mkdir -p "$HOST_ROOT/run/bulkhead" "$HOST_ROOT/var/lib/bulkhead"
+	rm -f "$HOST_ROOT$REMOVED_MARKER"
 
 	version=$(config_version)
 	changed=$(dropin "$version" | write_text "$DROPIN" 0644)
@@ -306,6 +314,8 @@ uninstall() {
 	if [ -n "$changed" ] && [ -n "$RESTART_CONTAINERD" ]; then
 		sh -c "$RESTART_CONTAINERD" || die "restarting containerd failed: $RESTART_CONTAINERD"
 	fi
+	mkdir -p "$(dirname "$HOST_ROOT$REMOVED_MARKER")"
+	: >"$HOST_ROOT$REMOVED_MARKER"
 	log "runtime $RUNTIME_NAME removed (ledger in /var/lib/bulkhead kept)"
 }
 
