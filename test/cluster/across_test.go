@@ -6,7 +6,6 @@ import (
 	"maps"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -283,11 +282,11 @@ func criPodAddr(ctx context.Context, w *Worker, ns, name string) (netip.Addr, er
 
 // nodeStatus is `bulkhead node status` of node w.
 func nodeStatus(ctx context.Context, t *testing.T, w *Worker) string {
-	out, err := exec.CommandContext(ctx, mustLook(t, "bulkhead"), "node", "status", "--config", w.Node.ShimConf).CombinedOutput()
+	out, err := w.NodeStatus(ctx, "")
 	if err != nil {
 		t.Errorf("bulkhead node status (%s): %v\n%s", w.Name, err, out)
 	}
-	return string(out)
+	return out
 }
 
 // testAPIServerOutage stops the API server for 30 s under the matrix's
@@ -377,8 +376,10 @@ func testAPIServerOutage(ctx context.Context, t *testing.T, c *Cluster) {
 	// The kubelet tries at its next sync of the pod: its resync period,
 	// 1 min with up to 50% jitter, after its last try while the API server
 	// was down (seen: 89 s between two tries, the mirror 61 s after the
-	// restart), so allow two minutes.
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	// restart), and a try refused by the webhook while it is still blind
+	// to its quota ledgers (it fails closed) waits for the next: allow
+	// three and a half minutes.
+	wctx, cancel := context.WithTimeout(ctx, 210*time.Second)
 	defer cancel()
 	var mirrored time.Duration
 	if why := eventually(wctx, func() string {
@@ -397,7 +398,8 @@ func testAPIServerOutage(ctx context.Context, t *testing.T, c *Cluster) {
 		return ""
 	}); why != "" {
 		pods, _ := c.Kubectl(ctx, "get", "pods", "-A", "-o", "wide")
-		t.Errorf("after the API server returned: %s\n$ kubectl get pods -A -o wide\n%s\n$ bulkhead node status (%s)\n%s", why, pods, NodeA, nodeStatus(ctx, t, a))
+		t.Errorf("after the API server returned: %s\n$ kubectl get pods -A -o wide\n%s\n$ bulkhead node status (%s)\n%s\nkubelet %s on mirror pods:\n%s",
+			why, pods, NodeA, nodeStatus(ctx, t, a), NodeB, grepLines(logTail(filepath.Join(c.Dir(), "logs", "kubelet-"+NodeB+".log"), 100000), "irror"))
 	} else {
 		// The kubelet posts a static pod's mirror at its next sync of the
 		// pod, and the agent's informer retries with client-go's backoff.

@@ -31,7 +31,9 @@ var overlayFS embed.FS
 // an operator, from a copy of the repository's deploy/ and rego/ in the
 // cluster's directory (deploy/tls and deploy/policy are per cluster), with
 // the images of deploy/image imported on every node as docs/release.md
-// tells.
+// tells: the webhook's Deployment and the node DaemonSet run as deployed,
+// its installer registering the runtimes in each node's containerd and its
+// agent serving the node's shims.
 type Install struct {
 	// Repo is the copy: Repo/deploy, Repo/rego.
 	Repo string
@@ -44,6 +46,9 @@ type Install struct {
 	dir    string
 	images []builtImage
 	log    func(string, ...any)
+	// gpuNodes and mockGPUs: InstallOptions'.
+	gpuNodes []string
+	mockGPUs int
 }
 
 // InstallOptions configures PrepareInstall.
@@ -54,23 +59,38 @@ type InstallOptions struct {
 	RepoRoot string
 	// TenantsJSON is the tenants file of step 2 ({"bulkhead": {"tenants": ...}}).
 	TenantsJSON string
+	// GPUNodes are the nodes the DaemonSet's installer finds a GPU driver
+	// on (GPU_NODE=auto), each with MockGPUs mock H200s: the overlay's
+	// gpu.toml is deploy/node/gpu.toml with the mock backend instead of
+	// NVML, which these machines lack.
+	GPUNodes []string
+	MockGPUs int
 	// Log receives one line per step.
 	Log func(string, ...any)
 }
 
 // webhookNamespace, webhookDeployment and webhookSelector name the
-// webhook's Deployment of deploy/webhook and its pods.
+// webhook's Deployment of deploy/webhook and its pods; nodeDaemonSet and
+// nodeSelector the DaemonSet of deploy/node and its pods.
 const (
 	webhookNamespace  = "bulkhead-system"
 	webhookDeployment = "bulkhead-webhook"
 	webhookSelector   = "app.kubernetes.io/name=bulkhead-webhook"
+	nodeDaemonSet     = "bulkhead-node"
+	nodeSelector      = "app.kubernetes.io/name=bulkhead-node"
 )
+
+// gpuMarker is the file, in a node's namespace, whose presence the
+// overlay's NVIDIA_DRIVER_PROC makes the installer take for a loaded
+// NVIDIA driver (GPU_NODE=auto): /proc/driver/nvidia is the kernel's, the
+// same on both nodes of one host.
+const gpuMarker = "/etc/containerd/bulkhead-test-gpu-driver"
 
 // PrepareInstall does steps 2, 3 and 3b of docs/install.md before the
 // cluster starts (3b configures the API server, which reads its admission
 // configuration at start): the signed bundle (deploy/policy/build.sh), the
 // webhook's certificates (deploy/gen-tls.sh) and the API server's
-// webhooks.kubeconfig. It also builds the webhook's image (deploy/image).
+// webhooks.kubeconfig. It also builds the images (deploy/image).
 func PrepareInstall(ctx context.Context, o InstallOptions) (*Install, error) {
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
@@ -78,7 +98,7 @@ func PrepareInstall(ctx context.Context, o InstallOptions) (*Install, error) {
 	if _, err := node.LookPath("bulkhead-webhook"); err != nil {
 		return nil, errors.New("install: needs bulkhead-webhook (make build)")
 	}
-	in := &Install{Repo: filepath.Join(o.Dir, "repo"), dir: o.Dir, log: o.Log}
+	in := &Install{Repo: filepath.Join(o.Dir, "repo"), dir: o.Dir, log: o.Log, gpuNodes: o.GPUNodes, mockGPUs: o.MockGPUs}
 	for _, sub := range []string{"deploy", "rego"} {
 		if err := copyTree(filepath.Join(o.RepoRoot, sub), filepath.Join(in.Repo, sub)); err != nil {
 			return nil, err
@@ -131,7 +151,7 @@ users:
 		return nil, err
 	}
 	started := time.Now()
-	if in.images, err = buildImages(in.Repo, filepath.Join(o.Dir, "images"), image.Webhook); err != nil {
+	if in.images, err = buildImages(in.Repo, filepath.Join(o.Dir, "images"), image.Webhook, image.NodeAgent, image.Installer); err != nil {
 		return nil, err
 	}
 	for _, b := range in.images {
@@ -146,8 +166,11 @@ func (in *Install) BundleKey() string { return filepath.Join(in.Repo, "deploy/po
 
 // Apply does steps 1 and 4 of docs/install.md: import the images on every
 // node, label the nodes, `kubectl apply -k` (deploy/ through the test
-// overlay, which points it at the imported images), and waits until the
-// webhook's Deployment is available and the API server gets its answers.
+// overlay, which points it at the imported images and sets what an
+// operator sets for this cluster: config.toml's ranges, gpu.toml's
+// backend, how the installer restarts containerd), and waits until the
+// node DaemonSet is rolled out (the runtimes installed, the agents
+// serving) and the webhook's Deployment is available and answering.
 func (in *Install) Apply(ctx context.Context, c *Cluster) error {
 	in.Overlay = filepath.Join(in.dir, "overlay")
 	if err := os.MkdirAll(in.Overlay, 0o755); err != nil {
@@ -162,9 +185,17 @@ func (in *Install) Apply(ctx context.Context, c *Cluster) error {
 		}
 	}
 	in.log("install: imported %d image(s) on %d nodes in %s", len(in.images), len(c.Nodes), time.Since(started).Round(time.Millisecond))
-	kust := template.Must(template.ParseFS(overlayFS, "overlay/kustomization.yaml"))
-	if err := writeTemplate(filepath.Join(in.Overlay, "kustomization.yaml"), kust, map[string]any{"Images": in.images}); err != nil {
+	if err := in.writeOverlay(c); err != nil {
 		return err
+	}
+	for _, name := range in.gpuNodes {
+		w := c.Node(name)
+		if w == nil {
+			return fmt.Errorf("install: GPU node %q: not a node of the cluster", name)
+		}
+		if err := os.WriteFile(w.Node.HostPath(gpuMarker), []byte("test/cluster: mock H200s\n"), 0o644); err != nil {
+			return err
+		}
 	}
 	for _, args := range [][]string{
 		{"label", "node", "--all", "bulkhead.dev/node=true"},
@@ -175,49 +206,106 @@ func (in *Install) Apply(ctx context.Context, c *Cluster) error {
 			return fmt.Errorf("install: kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	if err := in.AgentsAsServiceAccount(ctx, c); err != nil {
+	if err := in.waitNodes(ctx, c); err != nil {
 		return err
 	}
 	return in.waitWebhook(ctx, c)
 }
 
-// AgentsAsServiceAccount restarts every node's agent with the token of the
-// DaemonSet's ServiceAccount, as its agent container runs: from here on
-// only deploy/'s RBAC grants the agents anything (Events, the pods,
-// Services and EndpointSlices the fence learns).
-func (in *Install) AgentsAsServiceAccount(ctx context.Context, c *Cluster) error {
-	out, err := c.Kubectl(ctx, "kustomize", filepath.Join(in.Repo, "deploy"))
+// writeOverlay writes the overlay's kustomization and the node files it
+// puts in ConfigMap bulkhead-node-config: deploy/node/config.toml with
+// this cluster's ranges (cluster_cidrs: its pod ranges and Service ranges;
+// every tier's shared services: the nodes' bridge gateways) and no
+// metrics address (both nodes' agents share the host's network, and so
+// :9470), and deploy/node/gpu.toml with the mock backend.
+func (in *Install) writeOverlay(c *Cluster) error {
+	src, err := os.ReadFile(filepath.Join(in.Repo, "deploy/node/config.toml"))
 	if err != nil {
-		return fmt.Errorf("install: kubectl kustomize deploy: %v\n%s", err, out)
+		return err
 	}
-	var ds *appsv1.DaemonSet
-	for _, doc := range strings.Split(out, "\n---\n") {
-		var d appsv1.DaemonSet
-		if yaml.Unmarshal([]byte(doc), &d) == nil && d.Kind == "DaemonSet" && d.Name == "bulkhead-node" {
-			ds = &d
-		}
+	var cidrs, shared []string
+	for _, p := range append(append([]string{}, c.opts.ClusterCIDRs...), ServiceCIDR, ServiceCIDR6) {
+		cidrs = append(cidrs, fmt.Sprintf("%q", p))
 	}
-	if ds == nil || ds.Spec.Template.Spec.ServiceAccountName == "" {
-		return errors.New("install: deploy/ renders no DaemonSet bulkhead-node with a serviceAccountName")
-	}
-	sa := ds.Spec.Template.Spec.ServiceAccountName
 	for _, w := range c.Nodes {
-		tok, err := c.Kubectl(ctx, "-n", ds.Namespace, "create", "token", sa, "--duration=4h")
-		if err != nil {
-			return fmt.Errorf("install: token of %s: %v\n%s", sa, err, tok)
+		for _, subnet := range []string{w.opts.Node.Subnet, w.opts.Node.Subnet6} {
+			if subnet == "" {
+				continue
+			}
+			gw := netip.MustParsePrefix(subnet).Masked().Addr().Next()
+			shared = append(shared, fmt.Sprintf("%q", netip.PrefixFrom(gw, gw.BitLen())))
 		}
-		if err := c.writeTokenKubeconfig(w.AgentKubeconfig, "system:serviceaccount:"+ds.Namespace+":"+sa, strings.TrimSpace(tok)); err != nil {
+	}
+	list := "[" + strings.Join(shared, ", ") + "]"
+	conf, err := setTOML(string(src), map[string]string{
+		"metrics_address": `""`,
+		"cluster_cidrs":   "[" + strings.Join(cidrs, ", ") + "]",
+		"untrusted":       list, "standard": list, "trusted": list,
+	})
+	if err != nil {
+		return fmt.Errorf("install: deploy/node/config.toml: %w", err)
+	}
+	gpuSrc, err := os.ReadFile(filepath.Join(in.Repo, "deploy/node/gpu.toml"))
+	if err != nil {
+		return err
+	}
+	gpu, err := setTOML(string(gpuSrc), map[string]string{
+		"backend": fmt.Sprintf("\"mock\"\nmock_model = \"h200\"\nmock_gpus = %d\nmock_state = \"/var/lib/bulkhead/mock-gpus.json\"", in.mockGPUs),
+	})
+	if err != nil {
+		return fmt.Errorf("install: deploy/node/gpu.toml: %w", err)
+	}
+	for name, text := range map[string]string{"config.toml": conf, "gpu.toml": gpu} {
+		if err := os.WriteFile(filepath.Join(in.Overlay, name), []byte(text), 0o644); err != nil {
 			return err
 		}
-		in.log("install: node %s: the agent restarts as ServiceAccount %s/%s", w.Name, ds.Namespace, sa)
-		if err := w.Node.StopAgent(ctx); err != nil {
-			return fmt.Errorf("install: node %s: %w", w.Name, err)
+	}
+	kust := template.Must(template.ParseFS(overlayFS, "overlay/kustomization.yaml"))
+	return writeTemplate(filepath.Join(in.Overlay, "kustomization.yaml"), kust, map[string]any{
+		"Images": in.images, "GPUMarker": "/host" + gpuMarker,
+	})
+}
+
+// setTOML sets each key of values to its value in text, a TOML file: the
+// one line `key = ...` that is not a comment. A key on no such line, or on
+// more than one, is an error: the file has changed under the test.
+func setTOML(text string, values map[string]string) (string, error) {
+	lines := strings.Split(text, "\n")
+	for key, value := range values {
+		n := 0
+		for i, l := range lines {
+			if k, _, ok := strings.Cut(l, "="); ok && strings.TrimSpace(k) == key && !strings.HasPrefix(strings.TrimSpace(l), "#") {
+				lines[i] = key + " = " + value
+				n++
+			}
 		}
-		if err := w.Node.StartAgent(ctx); err != nil {
-			return fmt.Errorf("install: node %s: %w", w.Name, err)
+		if n != 1 {
+			return "", fmt.Errorf("key %s: on %d lines, want 1", key, n)
 		}
 	}
+	return strings.Join(lines, "\n"), nil
+}
+
+// waitNodes returns once the node DaemonSet is rolled out on every node:
+// each installer has written the node's files and registered the
+// runtimes (restarting the node's containerd), each agent serves.
+func (in *Install) waitNodes(ctx context.Context, c *Cluster) error {
+	started := time.Now()
+	args := []string{"-n", webhookNamespace, "rollout", "status", "daemonset/" + nodeDaemonSet, "--timeout=240s"}
+	in.log("install: kubectl %s", strings.Join(args, " "))
+	if out, err := c.Kubectl(ctx, args...); err != nil {
+		d, _ := c.Kubectl(ctx, "-n", webhookNamespace, "describe", "pods", "-l", nodeSelector)
+		return fmt.Errorf("install: kubectl %s: %v\n%s\n%s\n%s", strings.Join(args, " "), err, out, d, in.NodeLogs(ctx, c, 40))
+	}
+	in.log("install: DaemonSet %s rolled out on %d nodes in %s", nodeDaemonSet, len(c.Nodes), time.Since(started).Round(time.Millisecond))
 	return nil
+}
+
+// NodeLogs is the last lines of every DaemonSet pod's containers' logs
+// (kubectl logs).
+func (in *Install) NodeLogs(ctx context.Context, c *Cluster, lines int) string {
+	out, _ := c.Kubectl(ctx, "-n", webhookNamespace, "logs", "-l", nodeSelector, "--prefix", "--all-containers", fmt.Sprintf("--tail=%d", lines))
+	return out
 }
 
 // StopWebhook scales the webhook's Deployment to zero, as an operator (or
@@ -307,16 +395,19 @@ func (in *Install) WebhookLogs(ctx context.Context, c *Cluster, lines int) strin
 }
 
 // Uninstall follows docs/install.md's Uninstall: the webhook configuration
-// first, then the workloads (the caller's namespaces), then `kubectl
-// delete -k` (the webhook's Deployment with the rest) and the node label.
-// Step 3 (the DaemonSet's `remove`) has no DaemonSet here (see the
-// overlay).
+// first, then the workloads (the caller's namespaces), then the
+// DaemonSet's `remove` on every node (its command patched as the page
+// says, and rolled out), then `kubectl delete -k` (the webhook's
+// Deployment and the DaemonSet with the rest) and the node label.
 func (in *Install) Uninstall(ctx context.Context, c *Cluster, namespaces ...string) error {
 	steps := [][]string{{"delete", "validatingwebhookconfiguration", "bulkhead"}}
 	if len(namespaces) > 0 {
 		steps = append(steps, append([]string{"delete", "namespace", "--wait=true"}, namespaces...))
 	}
 	steps = append(steps,
+		[]string{"-n", webhookNamespace, "patch", "daemonset", nodeDaemonSet, "--type=json",
+			"-p", `[{"op":"replace","path":"/spec/template/spec/containers/0/command/2","value":"remove"}]`},
+		[]string{"-n", webhookNamespace, "rollout", "status", "daemonset/" + nodeDaemonSet, "--timeout=240s"},
 		// The configuration is gone already (step 1).
 		[]string{"delete", "-k", in.Overlay, "--ignore-not-found", "--wait=true"},
 		[]string{"label", "node", "--all", "bulkhead.dev/node-"})
@@ -357,57 +448,4 @@ func copyTree(src, dst string) error {
 		}
 		return nil
 	})
-}
-
-// ShimConfig returns the [policy], [mig] and [netpol] TOML of a test
-// node's agent: the same signed bundle and key as the webhook's ConfigMap
-// (deploy/node/config.toml's [policy] names them under /etc/bulkhead), a
-// mock GPU node for MIG slices (state in dir), and the eBPF fence pinned at
-// pinDir. The fence's cluster is every node's pods (clusterCIDRs, not just
-// this node's subnet: another node's pod the agent has not learned is an
-// unknown cluster address, never the outside world) and the Services; the
-// shared service of every tier is the node's own bridge gateway (subnet's
-// and subnet6's first address).
-//
-// gpus is the node's mock H200s; with none the node has no MIG backend. A
-// node with GPUs hosts the DRA kubelet plugin in its agent, registered in
-// kubeletRoot's plugins_registry.
-func (in *Install) ShimConfig(dir, subnet, subnet6, pinDir string, clusterCIDRs []string, gpus int, kubeletRoot string) string {
-	ip, _, _ := strings.Cut(subnet, "/")
-	shared := fmt.Sprintf("%q", strings.TrimSuffix(ip, ".0")+".1/32")
-	if subnet6 != "" {
-		shared += fmt.Sprintf(", %q", netip.MustParsePrefix(subnet6).Masked().Addr().Next().String()+"/128")
-	}
-	// Each node's CDI specs in its own directory, the one its containerd
-	// reads (story.go, node.Options.CDISpecDir): with the default
-	// /var/run/cdi the two nodes of one host shared it, and node-b's
-	// garbage collection removed node-a's claim specs, which no
-	// reservation of node-b's ledger held, before their pods started.
-	cdi := filepath.Join(dir, "cdi")
-	migConfig := fmt.Sprintf("[mig]\nbackend = \"none\"\ncdi_spec_dir = %q\n", cdi)
-	if gpus > 0 {
-		migConfig = fmt.Sprintf("[mig]\nbackend = \"mock\"\nmock_model = \"h200\"\nmock_gpus = %d\nmock_state = %q\ncdi_spec_dir = %q\n[dra]\nenabled = true\nregistrar_dir = %q\nplugin_dir = %q\n",
-			gpus, filepath.Join(dir, "mock-gpus.json"), cdi, filepath.Join(kubeletRoot, "plugins_registry"), filepath.Join(kubeletRoot, "plugins", "mig.bulkhead.dev"))
-	}
-	var cidrs []string
-	for _, c := range append(append([]string{}, clusterCIDRs...), ServiceCIDR, ServiceCIDR6) {
-		cidrs = append(cidrs, fmt.Sprintf("%q", c))
-	}
-	return fmt.Sprintf(`[policy]
-bundle = %q
-key_file = %q
-key_id = "bulkhead"
-scope = "bulkhead"
-decision_log = %q
-%s[netpol]
-enabled = true
-pin_dir = %q
-lock_path = %q
-cluster_cidrs = [%s]
-[netpol.shared_services]
-untrusted = [%s]
-standard = [%s]
-trusted = [%s]
-`, in.Bundle(), in.BundleKey(), filepath.Join(dir, "decisions.log"), migConfig,
-		pinDir, filepath.Join(dir, "netpol.lock"), strings.Join(cidrs, ", "), shared, shared, shared)
 }

@@ -3,10 +3,16 @@
 // Node,RBAC, the admission plugins a real cluster runs),
 // kube-controller-manager, kube-scheduler, one kube-proxy, and per node a
 // kubelet whose container runtime is a test/node private containerd with
-// Bulkhead's shims registered, its own CNI bridge and pod CIDRs (IPv4 and
-// IPv6) and its own node agent. The API server listens on the cluster's
-// link, so that pods reach it through the Service kubernetes as on any
-// cluster (Bulkhead's webhook runs as a Deployment).
+// its own CNI bridge and pod CIDRs (IPv4 and IPv6). Each node is a machine
+// of its own to Bulkhead's install (test/node's PrivateRoot): its
+// containerd and kubelet run in a mount namespace of the node's, in which
+// a real node's paths (/etc/bulkhead, /etc/containerd, /usr/local/bin,
+// /run/containerd, /var/lib/kubelet, /sys/fs/bpf, ...) are its own, so
+// that deploy/'s DaemonSet installs Bulkhead on it as on any node: its
+// installer registers the runtimes and restarts containerd, its agent
+// serves the shims. The API server listens on the cluster's link, so that
+// pods reach it through the Service kubernetes as on any cluster
+// (Bulkhead's webhook runs as a Deployment).
 //
 // The nodes share the host's network namespace, as pods of two machines
 // share a routed network: each node's bridge is a route of the host's, so
@@ -16,10 +22,11 @@
 // reason one kube-proxy serves both (its nftables tables are the host's).
 //
 // Invariant: everything a cluster creates lives under its directory or is
-// named after it (the kubelets' cgroup roots, its links, the fences' pin
-// directories, kube-proxy's tables), listens on loopback or on its own
-// link only, and Stop removes all of it: processes, mounts under the
-// kubelets' roots, cgroups, pins, links, tables, the kubelets' log symlinks.
+// named after it (the kubelets' cgroup roots, its links, kube-proxy's
+// tables), listens on loopback or on its own link only, and Stop removes
+// all of it: processes, the nodes' namespaces and bpffs, cgroups, links,
+// tables, the kubelets' log symlinks, the host mount points test/node
+// made.
 //
 // The components are the release `make tools` builds (test/cluster/tools);
 // etcd is Debian's etcd-server (test/scripts/deps.sh).
@@ -80,9 +87,6 @@ type Options struct {
 	// webhook admission plugins read (WebhookAdmissionConfiguration's
 	// kubeConfigFile): the client certificates it presents to webhooks.
 	AdmissionKubeconfig string
-	// RemoveAfterStop lists paths outside Dir that Stop removes last, once
-	// nothing can hold them (the fence's pin directory on bpffs).
-	RemoveAfterStop []string
 	// Log, when set, receives one line per step.
 	Log func(format string, args ...any)
 }
@@ -94,37 +98,34 @@ type NodeOptions struct {
 	// Address is the node's IPv4 address (InternalIP), put on the
 	// cluster's Link.
 	Address string
-	// PinDir is the node's fence pin directory, as Node.ShimConfig names
-	// it (tests read the fence there).
-	PinDir string
-	// Node configures the node's private containerd and agent: its Bridge,
-	// Subnet and Subnet6 are the node's CNI bridge and pod CIDRs. Dir,
-	// KubeletRoot, AgentKubeconfig and AgentNodeName are set by Start.
+	// Node configures the node's private containerd: its Bridge, Subnet
+	// and Subnet6 are the node's CNI bridge and pod CIDRs, BinDir where
+	// containerd and runc are found. Dir, PrivateRoot and DefaultRuntime
+	// are set by Start; the rest must be unset (the DaemonSet installs
+	// Bulkhead).
 	Node node.Options
 }
 
 // Worker is a running node of the cluster: its kubelet and the private
-// containerd (with the node agent) the kubelet drives.
+// containerd the kubelet drives, in the node's mount namespace.
 type Worker struct {
 	// Name is the node's name in the API server.
 	Name string
 	// Address is the node's InternalIP.
 	Address string
-	// Node is the node's containerd, CNI bridge and agent.
+	// Node is the node's containerd, CNI bridge and mount namespace
+	// (Node.HostPath maps the node's paths to the host's).
 	Node *node.Node
-	// PinDir is the node's fence pin directory.
+	// PinDir is the host's view of the node's fence pin directory,
+	// deploy/node/config.toml's /sys/fs/bpf/bulkhead.
 	PinDir string
-	// KubeletRoot is the kubelet's --root-dir.
+	// KubeletRoot is the kubelet's --root-dir, in the node's namespace.
 	KubeletRoot string
 	// CgroupRoot is the kubelet's cgroupRoot (below every v1 hierarchy).
 	CgroupRoot string
 	// StaticPods is the kubelet's staticPodPath: a manifest written there
 	// runs on this node whether or not the API server answers.
 	StaticPods string
-	// AgentKubeconfig is the file the node agent reaches the API server
-	// with: the admin's until Install.Apply gives it the bulkhead-node
-	// ServiceAccount's token, as the DaemonSet does.
-	AgentKubeconfig string
 
 	opts    NodeOptions
 	kubelet *process
@@ -189,11 +190,10 @@ func Requirements() error {
 }
 
 // Start brings the cluster up: etcd, API server, controller manager,
-// scheduler, then each node (containerd and the node agent, the kubelet),
+// scheduler, then each node (its namespace and containerd, the kubelet),
 // then kube-proxy; it returns once every node is Ready and the default
-// ServiceAccount exists. On error everything started is stopped. A node
-// starts after the API server so that its agent's kubeconfig exists when
-// the agent starts.
+// ServiceAccount exists. On error everything started is stopped. Bulkhead
+// is not on the nodes yet: Install.Apply puts it there.
 func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
@@ -339,38 +339,28 @@ func (c *Cluster) addLink(ctx context.Context) error {
 	return nil
 }
 
-// startNode starts one node: its containerd and agent (test/node), then
-// its kubelet, and waits for it to be Ready.
+// startNode starts one node: its namespace and containerd (test/node,
+// PrivateRoot), then its kubelet, and waits for it to be Ready.
 func (c *Cluster) startNode(ctx context.Context, no NodeOptions) error {
 	w := &Worker{
-		Name: no.Name, Address: no.Address, PinDir: no.PinDir, opts: no,
-		KubeletRoot: filepath.Join(c.dir, no.Name, "kubelet"),
+		Name: no.Name, Address: no.Address, opts: no,
+		KubeletRoot: "/var/lib/kubelet",
 		CgroupRoot:  "/" + "bulkhead-cluster-" + filepath.Base(c.dir) + "-" + no.Name,
 	}
 	c.Nodes = append(c.Nodes, w)
-	// Until Install.Apply hands it a ServiceAccount, the agent reaches the
-	// API server as the admin (a copy: Apply rewrites this file).
-	w.AgentKubeconfig = filepath.Join(c.dir, no.Name, "agent.kubeconfig")
-	if err := os.MkdirAll(filepath.Dir(w.AgentKubeconfig), 0o711); err != nil {
-		return err
-	}
-	if err := copyFile(c.Kubeconfig, w.AgentKubeconfig, 0o600); err != nil {
-		return err
-	}
 	nodeOpts := no.Node
 	nodeOpts.Dir = filepath.Join(c.dir, no.Name, "node")
-	nodeOpts.KubeletRoot = w.KubeletRoot
-	nodeOpts.AgentKubeconfig = w.AgentKubeconfig
-	nodeOpts.AgentNodeName = no.Name
-	c.opts.Log("cluster: node %s: starting containerd and the node agent (test/node) in %s", no.Name, nodeOpts.Dir)
+	nodeOpts.PrivateRoot = true
+	// A pod without a RuntimeClass runs on runc, as a real node's
+	// containerd defaults to: the webhook's and the DaemonSet's pods.
+	nodeOpts.DefaultRuntime = node.UpstreamRuncHandler
+	c.opts.Log("cluster: node %s: starting its namespace and containerd (test/node) in %s", no.Name, nodeOpts.Dir)
 	n, err := node.Start(ctx, nodeOpts)
 	if err != nil {
 		return fmt.Errorf("cluster: node %s: %w", no.Name, err)
 	}
 	w.Node = n
-	if pid := n.AgentPID(); pid != 0 {
-		c.opts.Log("cluster: node %s: agent pid %d on %s (log %s)", no.Name, pid, n.AgentSocket(), n.AgentLogPath())
-	}
+	w.PinDir = n.HostPath("/sys/fs/bpf/bulkhead")
 	return c.startKubelet(ctx, w)
 }
 
@@ -398,12 +388,13 @@ func freePort() (int, error) {
 
 // run starts a component with its output in <dir>/logs/<name>.log.
 func (c *Cluster) run(name string, args ...string) (*process, error) {
-	return c.runNamed(name, name, args...)
+	return c.runNamed(name, name, nil, args...)
 }
 
 // runNamed starts binary bin (a Components name) as the process name
-// (its log is <dir>/logs/<name>.log): a kubelet per node.
-func (c *Cluster) runNamed(name, bin string, args ...string) (*process, error) {
+// (its log is <dir>/logs/<name>.log), through the command line enter when
+// set (a node's nsenter): a kubelet per node.
+func (c *Cluster) runNamed(name, bin string, enter []string, args ...string) (*process, error) {
 	logDir := filepath.Join(c.dir, "logs")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return nil, err
@@ -417,6 +408,10 @@ func (c *Cluster) runNamed(name, bin string, args ...string) (*process, error) {
 	}
 	if path := c.bin[bin]; path != "" {
 		bin = path
+	}
+	if len(enter) > 0 {
+		args = append(append(append([]string{}, enter[1:]...), bin), args...)
+		bin = enter[0]
 	}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
@@ -486,8 +481,11 @@ func (c *Cluster) Logs(lines int) string {
 			continue
 		}
 		fmt.Fprintf(&b, "--- %s: containerd\n%s\n", w.Name, logTail(filepath.Join(w.Node.Dir(), "containerd.log"), lines))
-		if agentLog := w.Node.AgentLogPath(); fileExists(agentLog) {
-			fmt.Fprintf(&b, "--- %s: bulkhead-agent (%s)\n%s\n", w.Name, agentLog, logTail(agentLog, lines))
+		// The DaemonSet's containers, from the kubelet's log files: they
+		// are read while the API server is down too.
+		logs, _ := filepath.Glob(filepath.Join(c.podLogs(w), "bulkhead-system_bulkhead-node-*", "*", "*.log"))
+		for _, l := range logs {
+			fmt.Fprintf(&b, "--- %s: %s\n%s\n", w.Name, l, logTail(l, lines))
 		}
 	}
 	return b.String()
@@ -621,11 +619,12 @@ func (p *process) stop(grace time.Duration) {
 }
 
 // Stop tears everything down: the OnStop hooks, the kubelets, kube-proxy,
-// the control plane, etcd, each node's containerd and its pods, then its
-// agent (test/node's Stop: the agent outlives the pods' release), then
-// whatever is left of them: processes and mounts under the directory, the
-// kubelets' cgroup roots, their log symlinks, kube-proxy's tables, the
-// nodes' link, the directory. It returns what it could not remove, or nil.
+// the control plane, etcd, each node's pods (the DaemonSet's last: its
+// agent outlives the others' release), containerd and namespace
+// (test/node's Stop), then whatever is left of them: processes in the
+// kubelets' cgroup roots and under the directory, mounts under it, the
+// cgroup roots, their log symlinks, kube-proxy's tables, the nodes' link,
+// the directory. It returns what it could not remove, or nil.
 func (c *Cluster) Stop(ctx context.Context) error {
 	for i := len(c.onStop) - 1; i >= 0; i-- {
 		c.onStop[i]()
@@ -638,6 +637,9 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		if w.Node != nil {
 			w.Node.Stop(ctx)
 		}
+	}
+	for _, w := range c.Nodes {
+		killCgroupRoot(w.CgroupRoot)
 	}
 	node.KillUnder(c.dir)
 	node.UnmountUnder(c.dir)
@@ -668,13 +670,28 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	if m := node.MountsUnder(c.dir); len(m) > 0 {
 		left = append(left, "mounts "+strings.Join(m, " "))
 	}
-	for _, p := range append([]string{c.dir}, c.opts.RemoveAfterStop...) {
-		if err := os.RemoveAll(p); err != nil {
-			left = append(left, err.Error())
-		}
+	if err := os.RemoveAll(c.dir); err != nil {
+		left = append(left, err.Error())
 	}
 	if len(left) > 0 {
 		return fmt.Errorf("cluster %s: left behind: %s", c.dir, strings.Join(left, "; "))
 	}
 	return nil
+}
+
+// NodeStatus is `bulkhead node status` of node w as an operator runs it on
+// the node: the CLI of the build under test (its mock-GPU build, as the
+// nodes' agents are), in the node's mount namespace, on config, a node
+// file there ("" is the installer's /etc/bulkhead/config.toml). It needs
+// neither the API server nor the agent's pod.
+func (w *Worker) NodeStatus(ctx context.Context, config string) (string, error) {
+	cli, err := node.LookMockPath("bulkhead")
+	if err != nil {
+		return "", errors.New("needs bulkhead (make build)")
+	}
+	if config == "" {
+		config = "/etc/bulkhead/config.toml"
+	}
+	out, err := w.Node.Command(ctx, cli, "node", "status", "--config", config).CombinedOutput()
+	return string(out), err
 }

@@ -72,6 +72,7 @@ func TestCluster(t *testing.T) {
 		if t.Failed() {
 			t.Logf("component logs (tail):\n%s", c.Logs(25))
 			t.Logf("webhook pods' logs (tail):\n%s", in.WebhookLogs(context.Background(), c, 25))
+			t.Logf("node DaemonSet pods' logs (tail):\n%s", in.NodeLogs(context.Background(), c, 25))
 		}
 		if err := c.Stop(context.Background()); err != nil {
 			t.Error(err)
@@ -276,7 +277,7 @@ func TestCluster(t *testing.T) {
 		if w == nil {
 			t.Fatalf("pod trainer runs on %q, not a node of the cluster", onNode)
 		}
-		status, err := exec.CommandContext(ctx, mustLook(t, "bulkhead"), "node", "status", "--config", w.Node.ShimConf).CombinedOutput()
+		status, err := w.NodeStatus(ctx, "")
 		if err != nil || uuid == "" || !strings.Contains(string(status), uuid) || !strings.Contains(string(status), "3g.71gb") {
 			t.Errorf("bulkhead node status does not list the pod's 3g.71gb instance %q: %v\n%s", uuid, err, status)
 		}
@@ -295,6 +296,15 @@ func TestCluster(t *testing.T) {
 	t.Run("10-dra-mig-claims-on-the-gpu-node", func(t *testing.T) { testDRAClaims(ctx, t, c) })
 
 	t.Run("6-uninstall-leaves-nothing", func(t *testing.T) {
+		// The node file the installer wrote, kept for `bulkhead node
+		// status` after the DaemonSet's remove has deleted /etc/bulkhead.
+		kept := map[string]string{}
+		for _, w := range c.Nodes {
+			kept[w.Name] = filepath.Join(c.Dir(), w.Name, "config-before-uninstall.toml")
+			if err := copyFile(w.Node.HostPath("/etc/bulkhead/config.toml"), kept[w.Name], 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if err := in.Uninstall(ctx, c, Namespaces...); err != nil {
 			t.Fatal(err)
 		}
@@ -331,12 +341,23 @@ func TestCluster(t *testing.T) {
 			}); why != "" {
 				t.Errorf("%s", why)
 			}
-			status, err := exec.CommandContext(ctx, mustLook(t, "bulkhead"), "node", "status", "--config", w.Node.ShimConf).CombinedOutput()
-			t.Logf("$ bulkhead node status   (node %s)\n%s", w.Name, status)
-			if err != nil || !strings.Contains(string(status), "no sandboxes on this node") || strings.Contains(string(status), "MIG-") {
+			status, err := w.NodeStatus(ctx, kept[w.Name])
+			t.Logf("$ bulkhead node status   (node %s, its config.toml before the uninstall)\n%s", w.Name, status)
+			if err != nil || !strings.Contains(status, "no sandboxes on this node") || strings.Contains(status, "MIG-") {
 				t.Errorf("bulkhead node status of %s after uninstall: %v", w.Name, err)
 			}
-			l, err := bhnode.OpenLedger(filepath.Join(w.Node.Dir(), "ledger.db"))
+			// The DaemonSet's remove: the runtimes out of containerd, the
+			// host binaries and /etc/bulkhead's files gone.
+			for _, p := range []string{"/etc/containerd/conf.d/bulkhead.toml", "/usr/local/bin/containerd-shim-bulkhead-v1",
+				"/usr/local/bin/containerd-shim-bulkhead-runc-v1", "/usr/local/bin/runsc", "/usr/local/bin/bulkhead-runc", "/etc/bulkhead/config.toml"} {
+				if _, err := os.Stat(w.Node.HostPath(p)); err == nil {
+					t.Errorf("node %s: %s left after the DaemonSet's remove", w.Name, p)
+				}
+			}
+			if b, err := os.ReadFile(w.Node.HostPath("/etc/containerd/config.toml")); err != nil || strings.Contains(string(b), "conf.d/bulkhead.toml") || strings.Contains(string(b), "io.containerd.bulkhead") {
+				t.Errorf("node %s: containerd's config.toml still imports or names Bulkhead's runtimes (%v):\n%s", w.Name, err, b)
+			}
+			l, err := bhnode.OpenLedger(w.Node.HostPath("/var/lib/bulkhead/ledger.db"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -347,7 +368,7 @@ func TestCluster(t *testing.T) {
 				}
 				return nil
 			})
-			for _, p := range node.ProcessesUnder(w.Node.Dir()) {
+			for _, p := range w.Node.Processes() {
 				cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
 				if s := strings.ReplaceAll(string(cmd), "\x00", " "); strings.Contains(s, "shim") || strings.Contains(s, "runsc") {
 					t.Errorf("process left on %s: %d %s", w.Name, p, s)
@@ -373,10 +394,8 @@ func assertGone(t *testing.T, c *Cluster) {
 	if m := node.MountsUnder(dir); len(m) > 0 {
 		t.Errorf("mounts left under %s: %v", dir, m)
 	}
-	for _, p := range append([]string{dir}, c.opts.RemoveAfterStop...) {
-		if _, err := os.Stat(p); err == nil {
-			t.Errorf("%s left", p)
-		}
+	if _, err := os.Stat(dir); err == nil {
+		t.Errorf("%s left", dir)
 	}
 	for _, h := range v1Hierarchies() {
 		for _, cg := range cgroupRoots {

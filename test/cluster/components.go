@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -258,9 +259,13 @@ evictionHard:
 
 // kubeletHostDirs are host directories outside the cluster's own that appear
 // while it runs, whatever the kubelet is told: the kubelet's links to
-// container logs, and CDI's directory of generated specs (seen created by a
-// run of TestCluster, not by the e2e tests' containerd alone).
-var kubeletHostDirs = []string{"/var/log/containers", "/var/run/cdi"}
+// container logs. (CDI's /var/run/cdi is each node's own: test/node's
+// RootPaths.)
+var kubeletHostDirs = []string{"/var/log/containers"}
+
+// podLogs is the kubelet's podLogsDir of node w, on the host:
+// <ns>_<pod>_<uid>/<container>/<n>.log.
+func (c *Cluster) podLogs(w *Worker) string { return filepath.Join(c.dir, w.Name, "pod-logs") }
 
 func (c *Cluster) startKubelet(ctx context.Context, w *Worker) error {
 	if err := makeCgroupRoot(w.CgroupRoot); err != nil {
@@ -286,10 +291,12 @@ func (c *Cluster) startKubelet(ctx context.Context, w *Worker) error {
 		return err
 	}
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(kubeletConfig, w.Address, port, c.CAFile, w.CgroupRoot, sock, sock,
-		filepath.Join(c.dir, w.Name, "pod-logs"), w.StaticPods)), 0o644); err != nil {
+		c.podLogs(w), w.StaticPods)), 0o644); err != nil {
 		return err
 	}
-	p, err := c.runNamed("kubelet-"+w.Name, "kubelet", "--config="+conf, "--kubeconfig="+kc,
+	// In the node's namespace: its /var/lib/kubelet, and the hostPath
+	// volumes of its pods (the DaemonSet's) are the node's paths.
+	p, err := c.runNamed("kubelet-"+w.Name, "kubelet", w.Node.EnterArgs(), "--config="+conf, "--kubeconfig="+kc,
 		"--root-dir="+w.KubeletRoot, "--hostname-override="+w.Name, "--node-ip="+w.Address)
 	if err != nil {
 		return err
@@ -344,6 +351,26 @@ func makeCgroupRoot(cgroupRoot string) error {
 		}
 	}
 	return nil
+}
+
+// killCgroupRoot kills every process in a cgroup root's cgroups, in every
+// hierarchy: the pods' (runsc's sandboxes and gofers run in mount
+// namespaces of their own, which the node's Stop does not see).
+func killCgroupRoot(cgroupRoot string) {
+	for _, h := range append(v1Hierarchies(), "/sys/fs/cgroup/unified") {
+		_ = filepath.WalkDir(filepath.Join(h, cgroupRoot), func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+				return nil
+			}
+			b, _ := os.ReadFile(p)
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			return nil
+		})
+	}
 }
 
 // removeCgroupRoot removes a cgroup root and everything below it,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/bulkhead-runtime/bulkhead/test/node"
@@ -115,14 +114,14 @@ const (
 	NodeB = "node-b"
 )
 
-// gpusOf is each story node's mock H200s.
+// gpusOf is each story node's mock H200s: NodeA is the GPU node the
+// DaemonSet's installer finds (InstallOptions.GPUNodes).
 var gpusOf = map[string]int{NodeA: 2, NodeB: 0}
 
 // StartStory prepares Bulkhead's install (PrepareInstall) with Tenants and
-// starts a two-node cluster for it in dir (NodeA, NodeB). The pod ranges,
-// the links and the fences' pin directories are derived from the process
-// id, so that concurrent runs never meet. Stop removes all of it; on error
-// nothing is left.
+// starts a two-node cluster for it in dir (NodeA, NodeB). The pod ranges
+// and the links are derived from the process id, so that concurrent runs
+// never meet. Stop removes all of it; on error nothing is left.
 func StartStory(ctx context.Context, dir, repoRoot string, log func(string, ...any)) (*Cluster, *Install, error) {
 	return startStory(ctx, dir, repoRoot, log, 24)
 }
@@ -139,7 +138,8 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 	block := (pid % 16) * 16
 	cidr4 := fmt.Sprintf("10.190.%d.0/20", block)
 	cidr6 := fmt.Sprintf("fd19:%x::/48", pid%0x10000)
-	in, err := PrepareInstall(ctx, InstallOptions{Dir: dir, RepoRoot: repoRoot, TenantsJSON: Tenants, Log: log})
+	in, err := PrepareInstall(ctx, InstallOptions{Dir: dir, RepoRoot: repoRoot, TenantsJSON: Tenants, Log: log,
+		GPUNodes: []string{NodeA}, MockGPUs: gpusOf[NodeA]})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
@@ -152,39 +152,20 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 		ClusterCIDRs:        []string{cidr4, cidr6},
 		Log:                 log,
 	}
-	var pinDirs []string
 	for i, name := range []string{NodeA, NodeB} {
-		subnet := fmt.Sprintf("10.190.%d.0/%d", block+1+i, prefixLen)
-		subnet6 := fmt.Sprintf("fd19:%x:0:%d::/64", pid%0x10000, 1+i)
-		pinDir := filepath.Join("/sys/fs/bpf", "bh-cluster-"+filepath.Base(dir)+"-"+name)
-		pinDirs = append(pinDirs, pinDir)
-		// The node file's pipeline state (mock GPUs, decision log, fence
-		// lock) lives here; the agent opens it, it does not create it.
-		shimDir := filepath.Join(dir, name, "shim")
-		if err := os.MkdirAll(filepath.Join(shimDir, "cdi"), 0o711); err != nil {
-			_ = os.RemoveAll(dir)
-			return nil, nil, err
-		}
 		opts.Nodes = append(opts.Nodes, NodeOptions{
 			Name:    name,
 			Address: fmt.Sprintf("10.192.%d.%d", pid%250, 10+i),
-			PinDir:  pinDir,
 			Node: node.Options{
-				BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d%c", id, 'a'+i), Subnet: subnet, Subnet6: subnet6,
-				Routed: true, PipelineEnabled: true, CDISpecDir: filepath.Join(shimDir, "cdi"),
-				// A pod without a RuntimeClass runs on runc, as a real
-				// node's containerd defaults to: the webhook's pods.
-				DefaultRuntime: node.UpstreamRuncHandler,
-				ShimConfig:     in.ShimConfig(shimDir, subnet, subnet6, pinDir, opts.ClusterCIDRs, gpusOf[name], filepath.Join(dir, name, "kubelet")),
+				BinDir: node.BinDirs(), Bridge: fmt.Sprintf("bhc%d%c", id, 'a'+i),
+				Subnet:  fmt.Sprintf("10.190.%d.0/%d", block+1+i, prefixLen),
+				Subnet6: fmt.Sprintf("fd19:%x:0:%d::/64", pid%0x10000, 1+i),
+				Routed:  true,
 			},
 		})
 	}
-	opts.RemoveAfterStop = pinDirs
 	c, err := Start(ctx, opts)
 	if err != nil {
-		for _, p := range pinDirs {
-			_ = os.RemoveAll(p)
-		}
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
 	}

@@ -54,7 +54,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	say("Starting a two-node Kubernetes cluster (etcd, API server, controller manager, scheduler, kube-proxy; nodes %s and %s, each a kubelet on its own containerd and agent) in %s", cluster.NodeA, cluster.NodeB, dir)
+	say("Starting a two-node Kubernetes cluster (etcd, API server, controller manager, scheduler, kube-proxy; nodes %s and %s, each a kubelet on its own containerd; Bulkhead goes on them through its DaemonSet) in %s", cluster.NodeA, cluster.NodeB, dir)
 	c, in, err := cluster.StartStory(ctx, dir, repoRoot(), func(f string, a ...any) { fmt.Printf("    "+f+"\n", a...) })
 	if err != nil {
 		return err
@@ -92,6 +92,8 @@ func run(ctx context.Context) error {
 			time.Sleep(time.Second)
 		}
 	}
+	say("Bulkhead installed from deploy/: the webhook's Deployment, and on each node the DaemonSet whose installer registered the runtimes and whose agent serves them")
+	show("-n", "bulkhead-system", "get", "pods", "-o", "wide")
 	for _, ns := range []string{"agents", "batch", "platform", "analytics"} {
 		show("create", "namespace", ns)
 		waitFor(func() bool { _, err := c.Kubectl(ctx, "-n", ns, "get", "serviceaccount", "default"); return err == nil })
