@@ -28,42 +28,107 @@ var RootPaths = []string{
 	"/sys/fs/bpf",
 }
 
-// hostMountPoints are RootPaths this process created on the host because
-// they were missing (a bind mount needs its mount point), counted by the
-// nodes that use them: the last node to stop removes what it created.
+// hostMountPoints are the RootPaths the host lacked (a bind mount needs its
+// mount point), which nodes create and the last node on the host removes.
+// Nodes of this process are counted in refs; processes (go test runs
+// test/node's and test/cluster's packages at once) share a lock file: each
+// holds it shared while it has nodes, and the one that then gets it
+// exclusively removes every path the file lists. Removing a directory that
+// is a mount point in another process's node namespace would detach that
+// node's mount.
 var hostMountPoints = struct {
 	sync.Mutex
-	// refs counts the running nodes using each path.
-	refs map[string]int
-	// made says which paths this process created.
-	made map[string]bool
-}{refs: map[string]int{}, made: map[string]bool{}}
+	// refs counts this process's running nodes.
+	refs int
+	// lock is the lock file, held shared while refs > 0.
+	lock *os.File
+}{}
 
-func acquireMountPoint(p string) error {
+// mountPointsLock is the lock file; it lists the mount points nodes made,
+// one a line.
+const mountPointsLock = "/run/bulkhead-test-node-mountpoints"
+
+// acquireMountPoints creates the RootPaths the host lacks, recording them
+// in the lock file, and counts a node of this process.
+func acquireMountPoints() (retErr error) {
 	hostMountPoints.Lock()
 	defer hostMountPoints.Unlock()
-	if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+	if hostMountPoints.refs > 0 {
+		hostMountPoints.refs++
+		return nil
+	}
+	f, err := lockMountPoints()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			f.Close()
+		}
+	}()
+	for _, p := range RootPaths {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if _, err := fmt.Fprintln(f, p); err != nil {
+			return err
+		}
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return fmt.Errorf("mount point %s: %w", p, err)
 		}
-		hostMountPoints.made[p] = true
 	}
-	hostMountPoints.refs[p]++
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+		return fmt.Errorf("lock %s: %w", mountPointsLock, err)
+	}
+	hostMountPoints.lock = f
+	hostMountPoints.refs = 1
 	return nil
 }
 
-func releaseMountPoint(p string) {
+// lockMountPoints opens the lock file and locks it exclusively. A file
+// that the last node removed while this one waited is not the lock any
+// more: it opens the path again.
+func lockMountPoints() (*os.File, error) {
+	for {
+		f, err := os.OpenFile(mountPointsLock, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", mountPointsLock, err)
+		}
+		held, err1 := f.Stat()
+		named, err2 := os.Stat(mountPointsLock)
+		if err1 == nil && err2 == nil && os.SameFile(held, named) {
+			return f, nil
+		}
+		f.Close()
+	}
+}
+
+// releaseMountPoints uncounts a node of this process; the last one, when no
+// other process holds the lock, removes the recorded mount points (only
+// empty ones: on the host they are, the nodes' files are in their roots).
+func releaseMountPoints() {
 	hostMountPoints.Lock()
 	defer hostMountPoints.Unlock()
-	hostMountPoints.refs[p]--
-	if hostMountPoints.refs[p] > 0 {
+	hostMountPoints.refs--
+	if hostMountPoints.refs > 0 {
 		return
 	}
-	delete(hostMountPoints.refs, p)
-	if hostMountPoints.made[p] {
-		_ = os.Remove(p) // only if empty
-		delete(hostMountPoints.made, p)
+	f := hostMountPoints.lock
+	hostMountPoints.lock = nil
+	defer f.Close()
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		return // another process's nodes run: the last of them removes
 	}
+	b, _ := io.ReadAll(io.NewSectionReader(f, 0, 1<<20))
+	lines := strings.Fields(string(b))
+	for i := len(lines) - 1; i >= 0; i-- {
+		_ = os.Remove(lines[i])
+	}
+	_ = os.Remove(mountPointsLock)
 }
 
 // root is the mount namespace of a node with Options.PrivateRoot.
@@ -77,8 +142,8 @@ type root struct {
 	hold   io.WriteCloser
 	// mntNS is the namespace's /proc/PID/ns/mnt link.
 	mntNS string
-	// acquired are the host mount points counted for this node.
-	acquired []string
+	// counted: the node is counted in hostMountPoints.
+	counted bool
 }
 
 // startRoot creates the node's directories, its bpffs and its mount
@@ -92,11 +157,11 @@ func startRoot(dir string) (_ *root, retErr error) {
 			r.stop()
 		}
 	}()
+	if err := acquireMountPoints(); err != nil {
+		return nil, err
+	}
+	r.counted = true
 	for _, p := range RootPaths {
-		if err := acquireMountPoint(p); err != nil {
-			return nil, err
-		}
-		r.acquired = append(r.acquired, p)
 		if err := os.MkdirAll(r.dir+p, 0o755); err != nil {
 			return nil, err
 		}
@@ -186,10 +251,10 @@ func (r *root) stop() {
 		_ = r.holder.Wait()
 	}
 	_ = syscall.Unmount(r.dir+"/sys/fs/bpf", syscall.MNT_DETACH)
-	for _, p := range r.acquired {
-		releaseMountPoint(p)
+	if r.counted {
+		releaseMountPoints()
+		r.counted = false
 	}
-	r.acquired = nil
 }
 
 // path is the host's view of p, a path in the namespace.
