@@ -5,6 +5,12 @@
 // on, and the local busybox images imported. Nothing it creates lives
 // outside its directory except the bridge interface and the veths CNI
 // makes, which Stop removes.
+//
+// A PrivateRoot node is instead a machine of its own for deploy/'s node
+// DaemonSet to install Bulkhead on (test/cluster): a real node's paths
+// in a mount namespace of its own, containerd with no Bulkhead runtime,
+// no agent of the package's. It also creates the mount points of
+// RootPaths the host lacks, which the last node on the host removes.
 package node
 
 import (
