@@ -289,6 +289,22 @@ func nodeStatus(ctx context.Context, t *testing.T, w *Worker) string {
 	return out
 }
 
+// nodeBPeers are the traffic matrix's pods on NodeB, xb (tenant agents,
+// xa's) and yb (analytics), by name; the test skips when they are not
+// there (testTrafficMatrix did not run).
+func nodeBPeers(ctx context.Context, t *testing.T, c *Cluster) map[string]peer {
+	t.Helper()
+	peers := map[string]peer{}
+	for name, ns := range map[string]string{"xb": "agents", "yb": "analytics"} {
+		p, err := getAddrs(ctx, c, "pod", ns, name, "{.status.podIPs[*].ip}")
+		if err != nil {
+			t.Skipf("the traffic matrix's pods are not there: %v", err)
+		}
+		peers[name] = p
+	}
+	return peers
+}
+
 // testAPIServerOutage stops the API server for 30 s under the matrix's
 // pods: the flows the fences knew keep their verdicts, a pod that appears
 // meanwhile (a static pod, which a kubelet runs without the API server) is
@@ -296,15 +312,7 @@ func nodeStatus(ctx context.Context, t *testing.T, w *Worker) string {
 // is back the other node learns it and it passes.
 func testAPIServerOutage(ctx context.Context, t *testing.T, c *Cluster) {
 	a, b := c.Node(NodeA), c.Node(NodeB)
-	peers := map[string]peer{}
-	for _, name := range []string{"xb", "yb"} {
-		ns := map[string]string{"xb": "agents", "yb": "analytics"}[name]
-		p, err := getAddrs(ctx, c, "pod", ns, name, "{.status.podIPs[*].ip}")
-		if err != nil {
-			t.Skipf("the traffic matrix's pods are not there: %v", err)
-		}
-		peers[name] = p
-	}
+	peers := nodeBPeers(ctx, t, c)
 	expect := func(when string, to netip.Addr, toName string, want bool) {
 		t.Helper()
 		got, err := criProbe(ctx, a, "agents", "xa", "tcp", to)

@@ -22,15 +22,7 @@ import (
 // the new agents place and fence new pods on both nodes.
 func testNodeRollout(ctx context.Context, t *testing.T, c *Cluster) {
 	a := c.Node(NodeA)
-	peers := map[string]peer{}
-	for _, name := range []string{"xb", "yb"} {
-		ns := map[string]string{"xb": "agents", "yb": "analytics"}[name]
-		p, err := getAddrs(ctx, c, "pod", ns, name, "{.status.podIPs[*].ip}")
-		if err != nil {
-			t.Skipf("the traffic matrix's pods are not there: %v", err)
-		}
-		peers[name] = p
-	}
+	peers := nodeBPeers(ctx, t, c)
 	reservations := func(w *Worker) []string {
 		l, err := bhnode.OpenLedgerReadOnly(w.Node.HostPath("/var/lib/bulkhead/ledger.db"))
 		if err != nil {

@@ -114,9 +114,9 @@ const (
 	NodeB = "node-b"
 )
 
-// gpusOf is each story node's mock H200s: NodeA is the GPU node the
-// DaemonSet's installer finds (InstallOptions.GPUNodes).
-var gpusOf = map[string]int{NodeA: 2, NodeB: 0}
+// gpuNodeGPUs is NodeA's mock H200s: NodeA is the GPU node the
+// DaemonSet's installer finds (InstallOptions.GPUNodes); NodeB has none.
+const gpuNodeGPUs = 2
 
 // StartStory prepares Bulkhead's install (PrepareInstall) with Tenants and
 // starts a two-node cluster for it in dir (NodeA, NodeB). The pod ranges
@@ -139,7 +139,7 @@ func startStory(ctx context.Context, dir, repoRoot string, log func(string, ...a
 	cidr4 := fmt.Sprintf("10.190.%d.0/20", block)
 	cidr6 := fmt.Sprintf("fd19:%x::/48", pid%0x10000)
 	in, err := PrepareInstall(ctx, InstallOptions{Dir: dir, RepoRoot: repoRoot, TenantsJSON: Tenants, Log: log,
-		GPUNodes: []string{NodeA}, MockGPUs: gpusOf[NodeA]})
+		GPUNodes: []string{NodeA}, MockGPUs: gpuNodeGPUs})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, err

@@ -381,7 +381,7 @@ func Start(ctx context.Context, opts Options) (_ *Node, retErr error) {
 		agentSocket:       filepath.Join(opts.Dir, "agent.sock"),
 	}
 	if opts.PrivateRoot {
-		n.Socket = filepath.Join(opts.Dir, "root", "run/containerd/containerd.sock")
+		n.Socket = rootDir(opts.Dir) + "/run/containerd/containerd.sock"
 		n.StateDir, n.ShimConf, n.agentSocket = "", "", ""
 	}
 	// A unix socket's path is at most 107 bytes (sun_path).
@@ -521,13 +521,16 @@ func (o Options) validatePrivateRoot() error {
 	if !o.PrivateRoot {
 		return nil
 	}
-	for field, set := range map[string]bool{
-		"PipelineEnabled": o.PipelineEnabled, "Agent": o.Agent != "", "AgentKubeconfig": o.AgentKubeconfig != "",
-		"AgentNodeName": o.AgentNodeName != "", "AgentMetricsAddress": o.AgentMetricsAddress != "",
-		"Shim": o.Shim != "", "ShimConfig": o.ShimConfig != "", "CDISpecDir": o.CDISpecDir != "",
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"Shim", o.Shim != ""}, {"Agent", o.Agent != ""}, {"ShimConfig", o.ShimConfig != ""}, {"CDISpecDir", o.CDISpecDir != ""},
+		{"PipelineEnabled", o.PipelineEnabled}, {"AgentKubeconfig", o.AgentKubeconfig != ""},
+		{"AgentNodeName", o.AgentNodeName != ""}, {"AgentMetricsAddress", o.AgentMetricsAddress != ""},
 	} {
-		if set {
-			return fmt.Errorf("node: Options.%s: must be unset with PrivateRoot (the DaemonSet installs Bulkhead)", field)
+		if f.set {
+			return fmt.Errorf("node: Options.%s: must be unset with PrivateRoot (the DaemonSet installs Bulkhead)", f.name)
 		}
 	}
 	if o.DefaultRuntime != UpstreamRuncHandler {
@@ -705,12 +708,14 @@ func (n *Node) spawnContainerd() (<-chan struct{}, error) {
 	n.cmd, n.exited = cmd, exited
 	go func() {
 		err := cmd.Wait()
-		if n.root != nil {
+		n.mu.Lock()
+		if n.root != nil && !n.stopping {
 			// systemd's RestartSec: a containerd that cannot start does
 			// not spin.
+			n.mu.Unlock()
 			time.Sleep(500 * time.Millisecond)
+			n.mu.Lock()
 		}
-		n.mu.Lock()
 		if n.root != nil && !n.stopping {
 			fmt.Fprintf(n.logFile, "--- test/node: containerd exited (%v); starting it again, as systemd would\n", err)
 			if _, err := n.spawnContainerd(); err != nil {
@@ -834,8 +839,7 @@ func (n *Node) Command(ctx context.Context, name string, args ...string) *exec.C
 	if n.root == nil {
 		return exec.CommandContext(ctx, name, args...)
 	}
-	e := n.root.enter()
-	return exec.CommandContext(ctx, e[0], append(append(e[1:], name), args...)...)
+	return n.root.command(ctx, name, args...)
 }
 
 // EnterArgs is the command line that runs a command in the node's mount

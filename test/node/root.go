@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -151,7 +152,7 @@ type root struct {
 // mount of the namespace shared: the kubelet's HostToContainer and
 // Bidirectional volumes (the DaemonSet's /run/netns, /sys/fs/bpf) need it.
 func startRoot(dir string) (_ *root, retErr error) {
-	r := &root{dir: filepath.Join(dir, "root")}
+	r := &root{dir: rootDir(dir)}
 	defer func() {
 		if retErr != nil {
 			r.stop()
@@ -202,7 +203,7 @@ func startRoot(dir string) (_ *root, retErr error) {
 		fmt.Fprintf(&script, "mount --bind %q %q\n", r.dir+p, p)
 	}
 	script.WriteString("mount --make-rshared /\n")
-	if out, err := r.command("sh", "-c", script.String()).CombinedOutput(); err != nil {
+	if out, err := r.command(context.Background(), "sh", "-c", script.String()).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("the node's mounts: %v: %s", err, out)
 	}
 	return r, nil
@@ -214,10 +215,13 @@ func (r *root) enter() []string {
 }
 
 // command is cmd with args, run in the namespace.
-func (r *root) command(cmd string, args ...string) *exec.Cmd {
+func (r *root) command(ctx context.Context, cmd string, args ...string) *exec.Cmd {
 	e := r.enter()
-	return exec.Command(e[0], append(append(e[1:], cmd), args...)...)
+	return exec.CommandContext(ctx, e[0], append(append(e[1:], cmd), args...)...)
 }
+
+// rootDir is the host's view of a node's RootPaths: <dir>/root.
+func rootDir(dir string) string { return filepath.Join(dir, "root") }
 
 // processes lists the pids of the processes in the namespace (containerd,
 // the kubelet, the shims), but not the holder.
