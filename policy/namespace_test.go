@@ -28,6 +28,33 @@ func TestNamespaceTenant(t *testing.T) {
 	}
 }
 
+// A namespace's grant is the decision for a pod there that asks for RDMA:
+// the tiers that allow RDMA on the tenant's own VF grant it, the others
+// and namespaces of no tenant do not.
+func TestNamespaceGrant(t *testing.T) {
+	e := openDefault(t)
+	defer e.Close()
+	ctx := context.Background()
+	for ns, want := range map[string]NamespaceGrant{
+		"agents":      {Tenant: "agents"},               // untrusted: rdma deny
+		"research":    {Tenant: "research", RDMA: true}, // standard: own-vf
+		"kube-system": {Tenant: "platform", RDMA: true}, // trusted: own-vf
+		"nowhere":     {},
+	} {
+		got, rev, err := NamespaceGrantOf(ctx, e, ns)
+		if err != nil {
+			t.Fatalf("%s: %v", ns, err)
+		}
+		if got != want || rev != e.Revision() {
+			t.Errorf("NamespaceGrantOf(%q) = %+v, revision %q; want %+v, revision %q", ns, got, rev, want, e.Revision())
+		}
+		c := NewNamespaceTenants(e)
+		if g, err := c.Grant(ctx, ns); err != nil || g != want {
+			t.Errorf("NamespaceTenants.Grant(%q) = %+v, %v; want %+v", ns, g, err, want)
+		}
+	}
+}
+
 // countingDecider counts decisions; with a revision it says which policy
 // is in force.
 type countingDecider struct {

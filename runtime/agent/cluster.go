@@ -117,9 +117,10 @@ type remoteFence interface {
 	SetRemoteNodes(ctx context.Context, addrs []netip.Addr) error
 }
 
-// tenantResolver maps namespaces to tenants: *policy.NamespaceTenants.
+// tenantResolver maps namespaces to their tenant and RDMA grant:
+// *policy.NamespaceTenants.
 type tenantResolver interface {
-	Tenant(ctx context.Context, namespace string) (string, error)
+	Grant(ctx context.Context, namespace string) (policy.NamespaceGrant, error)
 	Refresh() bool
 }
 
@@ -511,23 +512,24 @@ func nodeAddrs(n *corev1.Node) []netip.Addr {
 // nothing and makes the error.
 func (w *clusterWatch) wanted(ctx context.Context) (map[netip.Addr]netpol.RemotePod, error) {
 	var errs []error
-	resolved := map[string]string{}
-	tenantOf := func(ns string) string {
-		if t, ok := resolved[ns]; ok {
-			return t
+	resolved := map[string]policy.NamespaceGrant{}
+	grantOf := func(ns string) policy.NamespaceGrant {
+		if g, ok := resolved[ns]; ok {
+			return g
 		}
-		t, err := w.tenants.Tenant(ctx, ns)
+		g, err := w.tenants.Grant(ctx, ns)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("namespace %s: %w", ns, err))
-			t = ""
+			g = policy.NamespaceGrant{}
 		}
-		resolved[ns] = t
-		return t
+		resolved[ns] = g
+		return g
 	}
+	tenantOf := func(ns string) string { return grantOf(ns).Tenant }
 	// claims are the entries' claimants: remote pods and ClusterIPs.
 	// known are the claims of every pod, this node's included, by which
 	// a Service's endpoints are judged.
-	claims := map[netip.Addr][]string{}
+	claims := map[netip.Addr][]claim{}
 	known := map[netip.Addr][]string{}
 	for _, obj := range w.pods.GetStore().List() {
 		pod, ok := obj.(*corev1.Pod)
@@ -538,15 +540,16 @@ func (w *clusterWatch) wanted(ctx context.Context) (map[netip.Addr]netpol.Remote
 		if len(addrs) == 0 {
 			continue
 		}
-		tenant := tenantOf(pod.Namespace)
+		g := grantOf(pod.Namespace)
 		for _, a := range addrs {
-			known[a] = append(known[a], tenant)
+			known[a] = append(known[a], g.Tenant)
 		}
 		if !w.remote(pod) {
 			continue
 		}
+		c := claim{tenant: g.Tenant, rdma: g.RDMA && asksRDMA(pod)}
 		for _, a := range addrs {
-			claims[a] = append(claims[a], tenant)
+			claims[a] = append(claims[a], c)
 		}
 	}
 	endpoints := serviceEndpoints(w.slices.GetStore().List())
@@ -564,16 +567,39 @@ func (w *clusterWatch) wanted(ctx context.Context) (map[netip.Addr]netpol.Remote
 			tenant = ""
 		}
 		for _, a := range ips {
-			claims[a] = append(claims[a], tenant)
+			claims[a] = append(claims[a], claim{tenant: tenant})
 		}
 	}
 	want := make(map[netip.Addr]netpol.RemotePod, len(claims))
 	for a, cs := range claims {
-		if t := owner(cs); t != "" {
-			want[a] = netpol.RemotePod{Addr: a, Tenant: t}
+		tenants := make([]string, len(cs))
+		rdma := true
+		for i, c := range cs {
+			tenants[i] = c.tenant
+			rdma = rdma && c.rdma
+		}
+		if t := owner(tenants); t != "" {
+			want[a] = netpol.RemotePod{Addr: a, Tenant: t, AllowRDMA: rdma}
 		}
 	}
 	return want, errors.Join(errs...)
+}
+
+// claim is one claimant of an address: the tenant it gives the address,
+// and whether it holds the RDMA grant (a ClusterIP never does).
+type claim struct {
+	tenant string
+	rdma   bool
+}
+
+// asksRDMA reports whether pod asks for RDMA (annotation bulkhead.dev/rdma
+// "true", read as its own node read it). The request alone grants nothing:
+// the remote pod holds the grant only when its namespace's policy answers
+// own-vf to such a request too, as its node's decision did. An annotation
+// that does not parse asks for nothing (its node refused the pod).
+func asksRDMA(pod *corev1.Pod) bool {
+	req, err := policy.ParseAnnotations(pod.Annotations)
+	return err == nil && req.RDMA
 }
 
 // owner is the tenant of an address that claimants of tenants claim: theirs

@@ -25,6 +25,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/bulkhead-runtime/bulkhead/netpol"
+	"github.com/bulkhead-runtime/bulkhead/policy"
 )
 
 // recordingFence is the remote-pod and remote-node part of a fence, in
@@ -102,13 +103,16 @@ func (f *recordingFence) view() map[netip.Addr]string {
 type fakeTenants struct {
 	mu      sync.Mutex
 	tenants map[string]string
+	// rdma holds the namespaces whose policy grants RDMA to a pod that
+	// asks.
+	rdma    map[string]bool
 	changed atomic.Bool
 }
 
-func (t *fakeTenants) Tenant(_ context.Context, ns string) (string, error) {
+func (t *fakeTenants) Grant(_ context.Context, ns string) (policy.NamespaceGrant, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.tenants[ns], nil
+	return policy.NamespaceGrant{Tenant: t.tenants[ns], RDMA: t.rdma[ns]}, nil
 }
 
 func (t *fakeTenants) Refresh() bool { return t.changed.Swap(false) }
@@ -951,5 +955,65 @@ func TestClusterWatchNodesUnsynced(t *testing.T) {
 	}
 	if got := f.nodeView(); !slices.Equal(got, want) || !w.Synced() {
 		t.Errorf("after the nodes were listed: %v (want %v), synced %v", got, want, w.Synced())
+	}
+}
+
+// A remote pod holds the RDMA grant only when it asks for RDMA and its
+// namespace's policy answers own-vf to that request, as its own node's
+// decision did; neither alone grants it, and an address two pods claim
+// holds it only when both do.
+func TestClusterWatchRDMAGrant(t *testing.T) {
+	asks := func(p *corev1.Pod, v string) *corev1.Pod {
+		p.Annotations = map[string]string{policy.AnnotationRDMA: v}
+		return p
+	}
+	tenants := &fakeTenants{
+		tenants: map[string]string{"train": "train", "train-2": "train", "bots": "bots"},
+		rdma:    map[string]bool{"train": true, "train-2": true},
+	}
+	w := newClusterWatch(fake.NewClientset(), thisNode, newRecordingFence(), tenants)
+	for _, p := range []*corev1.Pod{
+		asks(testPod("train", "granted", "node-b", "10.1.0.1", "fd01::1"), "true"),
+		asks(testPod("train", "spaced", "node-b", "10.1.0.2"), " TRUE "),
+		testPod("train", "not-asking", "node-b", "10.1.0.3"),
+		asks(testPod("train", "asks-false", "node-b", "10.1.0.4"), "false"),
+		asks(testPod("train", "garbled", "node-b", "10.1.0.5"), "yes please"),
+		asks(testPod("bots", "tier-denies", "node-b", "10.1.0.6"), "true"),
+		asks(testPod("train", "local", thisNode, "10.0.0.1"), "true"),
+		// 10.1.0.7: two pods of one tenant, one granted, one not.
+		asks(testPod("train", "reused-a", "node-b", "10.1.0.7"), "true"),
+		testPod("train-2", "reused-b", "node-c", "10.1.0.7"),
+		// 10.1.0.8: two granted pods of one tenant.
+		asks(testPod("train", "both-a", "node-b", "10.1.0.8"), "true"),
+		asks(testPod("train-2", "both-b", "node-c", "10.1.0.8"), "true"),
+	} {
+		if err := w.pods.GetStore().Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]netpol.RemotePod{
+		"10.1.0.1": {Tenant: "train", AllowRDMA: true},
+		"fd01::1":  {Tenant: "train", AllowRDMA: true},
+		"10.1.0.2": {Tenant: "train", AllowRDMA: true},
+		"10.1.0.3": {Tenant: "train"},
+		"10.1.0.4": {Tenant: "train"},
+		"10.1.0.5": {Tenant: "train"},
+		"10.1.0.6": {Tenant: "bots"},
+		"10.1.0.7": {Tenant: "train"},
+		"10.1.0.8": {Tenant: "train", AllowRDMA: true},
+	}
+	got, err := w.wanted(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Errorf("wanted %d remote addresses %v, want %d", len(got), got, len(want))
+	}
+	for s, rp := range want {
+		a := netip.MustParseAddr(s)
+		rp.Addr = a
+		if got[a] != rp {
+			t.Errorf("%s: remote pod %+v, want %+v", s, got[a], rp)
+		}
 	}
 }

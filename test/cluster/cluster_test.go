@@ -291,6 +291,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("11-audit-against-a-new-revision", func(t *testing.T) { testAudit(ctx, t, c) })
 	t.Run("7-traffic-matrix-across-nodes", func(t *testing.T) { testTrafficMatrix(ctx, t, c) })
+	t.Run("7b-roce-across-nodes-granted-pairs-only", func(t *testing.T) { testRoCEAcrossNodes(ctx, t, c) })
 	t.Run("8-api-server-down-30s", func(t *testing.T) { testAPIServerOutage(ctx, t, c) })
 	t.Run("9-quota-burst-across-nodes", func(t *testing.T) { testQuotaBurst(ctx, t, c) })
 	t.Run("10-dra-mig-claims-on-the-gpu-node", func(t *testing.T) { testDRAClaims(ctx, t, c) })

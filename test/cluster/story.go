@@ -15,7 +15,8 @@ import (
 // the Deployment, platform (trusted) for runc with a MIG slice, analytics
 // (untrusted) as agents' neighbour in the traffic matrix across the nodes,
 // burst (untrusted, a sandbox quota of 3) for concurrent creates spread over
-// both nodes. The memory quotas stay below a node's allocatable memory: the
+// both nodes, training (standard, RDMA on its own VF like platform) as
+// platform's granted neighbour in the RoCE matrix across the nodes. The memory quotas stay below a node's allocatable memory: the
 // API server itself refuses a resize past that, before any webhook.
 const Tenants = `{"bulkhead": {"tenants": {
   "agents":    {"tier": "untrusted", "namespaces": ["agents"], "egress_cidrs": ["10.96.0.0/12"],
@@ -26,11 +27,12 @@ const Tenants = `{"bulkhead": {"tenants": {
   "analytics": {"tier": "untrusted", "namespaces": ["analytics"],
                 "quota": {"sandboxes": 10, "gpu_slices": 0, "memory": "2Gi"}},
   "burst":     {"tier": "untrusted", "namespaces": ["burst"],
-                "quota": {"sandboxes": 3, "gpu_slices": 0, "memory": "64Gi"}}
+                "quota": {"sandboxes": 3, "gpu_slices": 0, "memory": "64Gi"}},
+  "training":  {"tier": "standard", "namespaces": ["training"]}
 }}}`
 
 // Namespaces are the story's namespaces, one per tenant.
-var Namespaces = []string{"agents", "batch", "platform", "analytics", "burst"}
+var Namespaces = []string{"agents", "batch", "platform", "analytics", "burst", "training"}
 
 // sandboxPod is a pod an untrusted tenant may run on the bulkhead
 // RuntimeClass: limits, the local image (nothing can be pulled here).
