@@ -55,6 +55,7 @@ var helmOnlyLabels = []string{"helm.sh/chart", "app.kubernetes.io/managed-by"}
 var perClusterObjects = []objectKey{
 	{Kind: "Secret", Namespace: namespace, Name: "bulkhead-webhook-tls"},
 	{Kind: "ConfigMap", Namespace: namespace, Name: "bulkhead-policy"},
+	{Kind: "ConfigMap", Namespace: namespace, Name: policyKeyConfigMap},
 }
 
 // toolsBin returns TOOLS_DIR/bin/name, skipping the test when make tools
@@ -715,21 +716,35 @@ var chartValueSets = []struct {
 		args: []string{"--set", "policy.bundle=" + base64.StdEncoding.EncodeToString([]byte("\x1f\x8bbundle")), "--set", "policy.publicKey=-----BEGIN PUBLIC KEY-----\n"},
 		check: func(t *testing.T, objs []object) {
 			cm := mustObject[*corev1.ConfigMap](t, objs, "bulkhead-policy")
-			if string(cm.BinaryData["bundle.tar.gz"]) != "\x1f\x8bbundle" || cm.Data["bundle.pem"] != "-----BEGIN PUBLIC KEY-----\n" {
-				t.Errorf("policy ConfigMap: binaryData %q, data %q", cm.BinaryData, cm.Data)
+			if string(cm.BinaryData["bundle.tar.gz"]) != "\x1f\x8bbundle" || len(cm.BinaryData) != 1 || len(cm.Data) != 0 {
+				t.Errorf("policy ConfigMap: binaryData %q, data %q; want the bundle alone", cm.BinaryData, cm.Data)
+			}
+			key := mustObject[*corev1.ConfigMap](t, objs, policyKeyConfigMap)
+			if key.Data["bundle.pem"] != "-----BEGIN PUBLIC KEY-----\n" || len(key.Data) != 1 || len(key.BinaryData) != 0 {
+				t.Errorf("policy key ConfigMap: binaryData %q, data %q; want bundle.pem alone", key.BinaryData, key.Data)
 			}
 		},
 	},
 	{
 		name: "another namespace, one replica, fail open",
-		args: []string{"--set", "namespace=sandbox-system", "--set", "webhook.replicas=1", "--set", "webhook.failurePolicy=Ignore"},
+		args: []string{"--set", "namespace=sandbox-system", "--set", "webhook.quotaLedgerNamespace=sandbox-quota",
+			"--set", "webhook.replicas=1", "--set", "webhook.failurePolicy=Ignore"},
 		check: func(t *testing.T, objs []object) {
 			for _, o := range objs {
-				if o.key.Namespace != "" && o.key.Namespace != "sandbox-system" {
+				inQuota := o.key.Name == quotaRole && (o.key.Kind == "Role" || o.key.Kind == "RoleBinding")
+				if o.key.Namespace != "" && o.key.Namespace != "sandbox-system" && !(inQuota && o.key.Namespace == "sandbox-quota") {
 					t.Errorf("%s outside namespace sandbox-system", o.key)
+				}
+				if inQuota && o.key.Namespace != "sandbox-quota" {
+					t.Errorf("%s outside the ledgers' namespace sandbox-quota", o.key)
 				}
 			}
 			mustObject[*corev1.Namespace](t, objs, "sandbox-system")
+			mustObject[*corev1.Namespace](t, objs, "sandbox-quota")
+			vap := mustObject[*admissionregistrationv1.ValidatingAdmissionPolicy](t, objs, "bulkhead-node-resourceslices")
+			if want := `request.userInfo.username == "system:serviceaccount:sandbox-system:bulkhead-node"`; vap.Spec.MatchConditions[0].Expression != want {
+				t.Errorf("ResourceSlice policy matches %q, want %q", vap.Spec.MatchConditions[0].Expression, want)
+			}
 			wh := webhookConfig(t, objs).Webhooks[0]
 			if wh.ClientConfig.Service.Namespace != "sandbox-system" || wh.FailurePolicy == nil || *wh.FailurePolicy != admissionregistrationv1.Ignore {
 				t.Errorf("webhook: service namespace %q, failurePolicy %v", wh.ClientConfig.Service.Namespace, wh.FailurePolicy)
@@ -739,7 +754,7 @@ var chartValueSets = []struct {
 			}
 			dep := mustObject[*appsv1.Deployment](t, objs, "bulkhead-webhook")
 			cfg, err := admission.ParseFlags(dep.Spec.Template.Spec.Containers[0].Args, io.Discard)
-			if err != nil || cfg.QuotaNamespace != "sandbox-system" || *dep.Spec.Replicas != 1 {
+			if err != nil || cfg.QuotaNamespace != "sandbox-quota" || *dep.Spec.Replicas != 1 {
 				t.Errorf("webhook: quota ledger namespace %q (%v), replicas %d", cfg.QuotaNamespace, err, *dep.Spec.Replicas)
 			}
 		},
@@ -777,6 +792,7 @@ func TestChartSchemaRejects(t *testing.T) {
 		{"bundle without its key", []string{"--set", "policy.bundle=YQ=="}, []string{"publicKey"}},
 		{"digest not a digest", []string{"--set", "images.node.digest=latest"}, []string{"digest"}},
 		{"not a CIDR", []string{"--set", "node.netpol.clusterCIDRs={everywhere}"}, []string{"clusterCIDRs"}},
+		{"ledger namespace not a namespace", []string{"--set", "webhook.quotaLedgerNamespace=Quota_Ledgers"}, []string{"quotaLedgerNamespace"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := runHelm(t, append([]string{"template", "bulkhead", chartDir}, tc.args...)...)
@@ -792,6 +808,16 @@ func TestChartSchemaRejects(t *testing.T) {
 				t.Errorf("refused, but not by the values schema: %v", err)
 			}
 		})
+	}
+}
+
+// TestChartRefusesLedgersBesideTrust: the quota ledgers may not share the
+// namespace of Bulkhead's own objects, where the webhook would then write
+// every ConfigMap (the bundle, its key, the nodes' config and installer).
+func TestChartRefusesLedgersBesideTrust(t *testing.T) {
+	_, err := runHelm(t, "template", "bulkhead", chartDir, "--set", "webhook.quotaLedgerNamespace="+namespace)
+	if err == nil || !strings.Contains(err.Error(), "webhook.quotaLedgerNamespace") || !strings.Contains(err.Error(), "namespace of its own") {
+		t.Fatalf("helm template with the ledgers in %s: %v, want a refusal that names webhook.quotaLedgerNamespace", namespace, err)
 	}
 }
 

@@ -79,7 +79,11 @@ func newHostRoot(t *testing.T, config string) hostRoot {
 	write(filepath.Join(h.src, "bin/containerd-shim-bulkhead-runc-v1"), "#!/bin/true runc shim\n")
 	write(filepath.Join(h.src, "bin/runc"), "#!/bin/true runc\n")
 	write(filepath.Join(h.src, "policy/bundle.tar.gz"), "bundle v1")
-	write(filepath.Join(h.src, "policy/bundle.pem"), "key")
+	// The key comes from its own ConfigMap's mount (POLICY_KEY_SRC); a
+	// bundle.pem beside the bundle, as releases before the split shipped
+	// it, is never installed.
+	write(filepath.Join(h.src, "policy/bundle.pem"), "a key from the bundle's ConfigMap")
+	write(filepath.Join(h.src, "policy-key/bundle.pem"), "key")
 	if config != "" {
 		write(filepath.Join(h.dir, "etc/containerd/config.toml"), config)
 	}
@@ -108,6 +112,7 @@ func (h hostRoot) command(t *testing.T, mode string) *exec.Cmd {
 		"BIN_SRC="+filepath.Join(h.src, "bin"),
 		"CONFIG_SRC=node/config.toml",
 		"POLICY_SRC="+filepath.Join(h.src, "policy"),
+		"POLICY_KEY_SRC="+filepath.Join(h.src, "policy-key"),
 		"RESTART_CONTAINERD=echo restart >> "+h.restarts,
 		"CONTAINERD_VERSION_CMD=echo containerd github.com/containerd/containerd/v2 v2.1.5",
 		"READY_FILE="+filepath.Join(h.src, "ready"),
@@ -210,6 +215,9 @@ func TestInstallerRegistersRuntime(t *testing.T) {
 				if _, err := os.Stat(filepath.Join(h.dir, f)); err != nil {
 					t.Errorf("not installed: %v", err)
 				}
+			}
+			if b, err := os.ReadFile(filepath.Join(h.dir, "etc/bulkhead/keys/bundle.pem")); err != nil || string(b) != "key" {
+				t.Errorf("installed key %q (%v), want POLICY_KEY_SRC's, never the bundle's ConfigMap's", b, err)
 			}
 			if fi, err := os.Stat(filepath.Join(h.dir, "usr/local/bin/runsc")); err == nil && fi.Mode().Perm()&0o111 == 0 {
 				t.Errorf("runsc installed without execute permission: %v", fi.Mode())

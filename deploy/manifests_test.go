@@ -40,6 +40,10 @@ import (
 const (
 	namespace   = "bulkhead-system"
 	handlerName = "bulkhead"
+	// quotaNamespace holds the webhook's quota ledgers and nothing else
+	// but quotaRole and its binding.
+	quotaNamespace = "bulkhead-quota"
+	quotaRole      = "bulkhead-webhook-quota"
 )
 
 // kustomization is the subset of kustomize's Kustomization these manifests
@@ -270,10 +274,13 @@ func TestEveryManifestIsReferenced(t *testing.T) {
 }
 
 // TestNamespacedObjectsLiveInBulkheadSystem: every namespaced object names
-// the namespace the tree creates.
+// the namespace the tree creates, but for the webhook's right to the quota
+// ledgers, which lives in the ledgers' own namespace (quotaNamespace),
+// apart from everything else of Bulkhead.
 func TestNamespacedObjectsLiveInBulkheadSystem(t *testing.T) {
 	tr := loadTree(t)
 	mustFind[*corev1.Namespace](t, tr, namespace)
+	mustFind[*corev1.Namespace](t, tr, quotaNamespace)
 	for _, o := range tr.objects {
 		m, ok := o.(interface {
 			GetNamespace() string
@@ -283,9 +290,18 @@ func TestNamespacedObjectsLiveInBulkheadSystem(t *testing.T) {
 			t.Fatalf("%T has no metadata", o)
 		}
 		switch o.(type) {
-		case *corev1.Namespace, *nodev1.RuntimeClass, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *admissionregistrationv1.ValidatingWebhookConfiguration, *resourcev1.DeviceClass:
+		case *corev1.Namespace, *nodev1.RuntimeClass, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *admissionregistrationv1.ValidatingWebhookConfiguration,
+			*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, *resourcev1.DeviceClass:
 			if m.GetNamespace() != "" {
 				t.Errorf("cluster-scoped %T %s has namespace %q", o, m.GetName(), m.GetNamespace())
+			}
+		case *rbacv1.Role, *rbacv1.RoleBinding:
+			want := namespace
+			if m.GetName() == quotaRole {
+				want = quotaNamespace
+			}
+			if m.GetNamespace() != want {
+				t.Errorf("%T %s: namespace %q, want %q", o, m.GetName(), m.GetNamespace(), want)
 			}
 		default:
 			if m.GetNamespace() != namespace {
@@ -591,7 +607,7 @@ func TestNodeCrossReferences(t *testing.T) {
 		env[e.Name] = e.Value
 	}
 	// Every file the installer reads is mounted from a generated key.
-	files := []string{c.Command[len(c.Command)-2], env["CONFIG_SRC"], env["POLICY_SRC"] + "/bundle.tar.gz", env["POLICY_SRC"] + "/bundle.pem"}
+	files := []string{c.Command[len(c.Command)-2], env["CONFIG_SRC"], env["POLICY_SRC"] + "/bundle.tar.gz", env["POLICY_KEY_SRC"] + "/bundle.pem"}
 	for _, path := range files {
 		gen, key := mountedFrom(t, spec, c, path)
 		g, ok := tr.generators[gen]
@@ -682,8 +698,12 @@ func TestKustomizeBuild(t *testing.T) {
 		t.Errorf("TLS secret: type %s, keys %v", secret.Type, keys(secret.Data))
 	}
 	cm := mustFind[*corev1.ConfigMap](t, tr, "bulkhead-policy")
-	if len(cm.BinaryData["bundle.tar.gz"]) == 0 || cm.Data["bundle.pem"] != "pub" {
-		t.Errorf("policy ConfigMap: binaryData %v, data %v", keys(cm.BinaryData), cm.Data)
+	if len(cm.BinaryData["bundle.tar.gz"]) == 0 || len(cm.Data) != 0 || len(cm.BinaryData) != 1 {
+		t.Errorf("policy ConfigMap: binaryData %v, data %v; want the bundle alone", keys(cm.BinaryData), cm.Data)
+	}
+	key := mustFind[*corev1.ConfigMap](t, tr, policyKeyConfigMap)
+	if key.Data["bundle.pem"] != "pub" || len(key.Data) != 1 || len(key.BinaryData) != 0 {
+		t.Errorf("policy key ConfigMap: binaryData %v, data %v; want bundle.pem alone", keys(key.BinaryData), key.Data)
 	}
 	for _, name := range []string{"bulkhead-node-config", "bulkhead-node-installer"} {
 		mustFind[*corev1.ConfigMap](t, tr, name)
@@ -711,7 +731,8 @@ func hasPort(c corev1.Container, name string) bool {
 }
 
 // mountedFrom returns the Secret or ConfigMap and key that provide path in
-// container c.
+// container c. A volume that lists items mounts those alone, each at its
+// path.
 func mountedFrom(t *testing.T, spec corev1.PodSpec, c corev1.Container, path string) (source, key string) {
 	t.Helper()
 	for _, m := range c.VolumeMounts {
@@ -725,14 +746,28 @@ func mountedFrom(t *testing.T, spec corev1.PodSpec, c corev1.Container, path str
 			}
 			switch {
 			case v.Secret != nil:
-				return v.Secret.SecretName, rel
+				return v.Secret.SecretName, itemKey(v.Secret.Items, rel)
 			case v.ConfigMap != nil:
-				return v.ConfigMap.Name, rel
+				return v.ConfigMap.Name, itemKey(v.ConfigMap.Items, rel)
 			}
 		}
 	}
 	t.Errorf("container %s: %s is on no Secret or ConfigMap volume", c.Name, path)
 	return "", ""
+}
+
+// itemKey is the key a volume with these items mounts at path rel: rel
+// itself without items, "" when no item is at rel (nothing is mounted there).
+func itemKey(items []corev1.KeyToPath, rel string) string {
+	if len(items) == 0 {
+		return rel
+	}
+	for _, it := range items {
+		if it.Path == rel {
+			return it.Key
+		}
+	}
+	return ""
 }
 
 func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {

@@ -5,8 +5,10 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -70,7 +72,9 @@ func TestWebhookNetworkPolicy(t *testing.T) {
 }
 
 // TestWebhookQuotaLedgerRights: the webhook may read and write ConfigMaps
-// in the namespace its --quota-ledger-namespace names, and only there.
+// in the namespace its --quota-ledger-namespace names, and only there; that
+// namespace is one of its own, created by the tree, apart from Bulkhead's
+// (whose ConfigMaps the nodes trust), and holds nothing but that right.
 func TestWebhookQuotaLedgerRights(t *testing.T) {
 	tr := loadTree(t)
 	dep := mustFind[*appsv1.Deployment](t, tr, "bulkhead-webhook")
@@ -78,26 +82,49 @@ func TestWebhookQuotaLedgerRights(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.QuotaNamespace != namespace {
-		t.Fatalf("--quota-ledger-namespace %q, want %q (quotas must hold across replicas)", cfg.QuotaNamespace, namespace)
+	if cfg.QuotaNamespace != quotaNamespace {
+		t.Fatalf("--quota-ledger-namespace %q, want %q (the ledgers' own namespace: quotas must hold across replicas)", cfg.QuotaNamespace, quotaNamespace)
 	}
-	rb := mustFind[*rbacv1.RoleBinding](t, tr, "bulkhead-webhook-quota")
+	if def := admission.DefaultQuotaNamespace; def != cfg.QuotaNamespace {
+		t.Errorf("the webhook's default ledger namespace %q is not deploy/'s %q", def, cfg.QuotaNamespace)
+	}
+	mustFind[*corev1.Namespace](t, tr, cfg.QuotaNamespace)
+	rb := mustFind[*rbacv1.RoleBinding](t, tr, quotaRole)
 	if rb.Namespace != cfg.QuotaNamespace || !slices.ContainsFunc(rb.Subjects, func(s rbacv1.Subject) bool {
 		return s.Kind == "ServiceAccount" && s.Name == dep.Spec.Template.Spec.ServiceAccountName && s.Namespace == namespace
 	}) {
 		t.Errorf("RoleBinding %s/%s does not bind the webhook's ServiceAccount", rb.Namespace, rb.Name)
 	}
+	if rb.RoleRef.Kind != "Role" {
+		t.Errorf("RoleBinding %s/%s binds a %s: the ledgers' rights are a Role of their namespace", rb.Namespace, rb.Name, rb.RoleRef.Kind)
+	}
 	role := mustFind[*rbacv1.Role](t, tr, rb.RoleRef.Name)
-	for _, verb := range []string{"get", "list", "create", "update"} {
-		if !allows(role.Rules, "", "configmaps", verb) {
-			t.Errorf("Role %s does not allow %s configmaps", role.Name, verb)
+	if role.Namespace != cfg.QuotaNamespace {
+		t.Errorf("Role %s lives in %q, not the ledgers' namespace %q", role.Name, role.Namespace, cfg.QuotaNamespace)
+	}
+	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "update"}}}
+	if !equality.Semantic.DeepEqual(role.Rules, want) {
+		t.Errorf("Role %s: rules %+v, want exactly %+v", role.Name, role.Rules, want)
+	}
+	for _, o := range tr.objects {
+		m := o.(interface {
+			GetNamespace() string
+			GetName() string
+		})
+		if m.GetNamespace() == cfg.QuotaNamespace && m.GetName() != quotaRole {
+			t.Errorf("%T %s lives in the ledgers' namespace %s, where the webhook may write every ConfigMap", o, m.GetName(), cfg.QuotaNamespace)
+		}
+	}
+	for _, g := range tr.generators {
+		if g.Namespace == cfg.QuotaNamespace {
+			t.Errorf("generator %s writes into the ledgers' namespace %s", g.Name, cfg.QuotaNamespace)
 		}
 	}
 	cr := mustFind[*rbacv1.ClusterRole](t, tr, "bulkhead-webhook")
 	for _, rule := range cr.Rules {
 		for _, v := range rule.Verbs {
 			if v != "get" && v != "list" && v != "watch" {
-				t.Errorf("ClusterRole %s allows %s on %v: the webhook writes only in its own namespace", cr.Name, v, rule.Resources)
+				t.Errorf("ClusterRole %s allows %s on %v: the webhook writes only its ledgers and its certificate", cr.Name, v, rule.Resources)
 			}
 		}
 	}

@@ -398,7 +398,7 @@ func TestInstallerChecksHostNeeds(t *testing.T) {
 			}
 			write(filepath.Join(src, "bin/host-needs"), "# test\n"+tc.needs)
 			write(filepath.Join(src, "policy/bundle.tar.gz"), "bundle")
-			write(filepath.Join(src, "policy/bundle.pem"), "key")
+			write(filepath.Join(src, "policy-key/bundle.pem"), "key")
 			if tc.hostLibc != "" {
 				// As on Debian: a relative symlink to the real file.
 				write(filepath.Join(host, "lib/x86_64-linux-gnu/libc-2.36.so"), tc.hostLibc)
@@ -412,6 +412,7 @@ func TestInstallerChecksHostNeeds(t *testing.T) {
 				"BIN_SRC="+filepath.Join(src, "bin"),
 				"CONFIG_SRC=../node/config.toml",
 				"POLICY_SRC="+filepath.Join(src, "policy"),
+				"POLICY_KEY_SRC="+filepath.Join(src, "policy-key"),
 				"RESTART_CONTAINERD=",
 				"CONTAINERD_VERSION_CMD=echo containerd v2.1.5",
 				"READY_FILE="+filepath.Join(src, "ready"),

@@ -31,6 +31,9 @@ HOST_ROOT=${HOST_ROOT:-/host}
 BIN_SRC=${BIN_SRC:-/opt/bulkhead/bin}
 CONFIG_SRC=${CONFIG_SRC:-/config/config.toml}
 POLICY_SRC=${POLICY_SRC:-/policy}
+# The public key that verifies the bundle, mounted from its own ConfigMap
+# (bulkhead-policy-key), never from the bundle's.
+POLICY_KEY_SRC=${POLICY_KEY_SRC:-/policy-key}
 CONTAINERD_CONFIG=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
 DROPIN=${DROPIN:-/etc/containerd/conf.d/bulkhead.toml}
 # RESTART_CONTAINERD restarts the host's containerd; empty skips it.
@@ -257,7 +260,7 @@ sync_files() {
 	put "$config" /etc/bulkhead/config.toml 0644
 	rm -f "$config"
 	put "$POLICY_SRC/bundle.tar.gz" /etc/bulkhead/bundle.tar.gz 0644
-	put "$POLICY_SRC/bundle.pem" /etc/bulkhead/keys/bundle.pem 0644
+	put "$POLICY_KEY_SRC/bundle.pem" /etc/bulkhead/keys/bundle.pem 0644
 }
 
 install() {

@@ -63,8 +63,12 @@ type Config struct {
 	// and clusters without pod list/watch rights.
 	NoUsage bool
 	// QuotaNamespace holds the tenants' quota ledgers (QuotaLedger), which
-	// keep quotas with any number of replicas. Empty counts usage from the
-	// pod informer alone, which only holds for one replica and no bursts.
+	// keep quotas with any number of replicas; DefaultQuotaNamespace unless
+	// set. It must hold nothing else: the webhook may write every ConfigMap
+	// there (a ledger's name is a tenant's, so RBAC cannot name them), and
+	// it is never the namespace of --cert-secret, where Bulkhead keeps the
+	// objects the nodes trust. Empty counts usage from the pod informer
+	// alone, which only holds for one replica and no bursts.
 	QuotaNamespace string
 	// QuotaGrace is QuotaLedgerOptions.Grace.
 	QuotaGrace time.Duration
@@ -132,7 +136,7 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	fs.BoolVar(&c.NoUsage, "no-usage", false, "do not watch pods; quotas see zero usage (and no audit)")
 	fs.DurationVar(&c.AuditInterval, "audit-interval", DefaultAuditInterval, "how often to judge the running pods against the bundle in force and export what it would now refuse (bulkhead_audit_*); 0: no audit")
 	fs.StringVar(&c.AuditExcluded, "audit-exclude-namespaces", strings.Join(DefaultAuditExcluded, ","), "comma-separated namespaces the audit leaves out (those the ValidatingWebhookConfiguration's namespaceSelector leaves out)")
-	fs.StringVar(&c.QuotaNamespace, "quota-ledger-namespace", "bulkhead-system", "namespace of the tenants' quota ledgers (ConfigMaps updated with compare-and-swap, so that quotas hold across replicas); empty: count from the pod informer only (one replica)")
+	fs.StringVar(&c.QuotaNamespace, "quota-ledger-namespace", DefaultQuotaNamespace, "namespace of the tenants' quota ledgers (ConfigMaps updated with compare-and-swap, so that quotas hold across replicas), holding nothing else: never Bulkhead's own namespace; empty: count from the pod informer only (one replica)")
 	fs.DurationVar(&c.QuotaGrace, "quota-grace", DefaultQuotaGrace, "how long a quota reservation is kept for a pod that is not seen live (admitted but never created)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", DefaultMaxBodyBytes, "largest AdmissionReview body accepted")
 	fs.Int64Var(&c.MaxBufferedBytes, "max-buffered-bytes", DefaultMaxBufferedBytes, "request bodies held in memory at once; a request past it gets 503 at once")
@@ -195,7 +199,35 @@ func ParseFlags(args []string, output io.Writer) (Config, error) {
 	if _, _, err := parseMemoryLimit(c.MemoryLimit); err != nil {
 		return c, err
 	}
+	if err := c.checkQuotaNamespace(); err != nil {
+		return c, err
+	}
 	return c, nil
+}
+
+// DefaultQuotaNamespace holds the quota ledgers in deploy/ and the chart: a
+// namespace of their own, apart from bulkhead-system, whose ConfigMaps
+// (the policy bundle, its key, the nodes' config and installer) no
+// Bulkhead identity may write.
+const DefaultQuotaNamespace = "bulkhead-quota"
+
+// checkQuotaNamespace checks --quota-ledger-namespace: a namespace's name,
+// and not the one where the webhook keeps its certificate (Bulkhead's own,
+// whose ConfigMaps the nodes trust): the webhook may write every ConfigMap
+// of the ledgers' namespace.
+func (c *Config) checkQuotaNamespace() error {
+	if c.QuotaNamespace == "" {
+		return nil
+	}
+	if errs := validation.IsDNS1123Label(c.QuotaNamespace); len(errs) > 0 {
+		return fmt.Errorf("--quota-ledger-namespace %q: a namespace's name: %s", c.QuotaNamespace, strings.Join(errs, "; "))
+	}
+	if c.CertSecret != "" {
+		if ns, _, err := splitCertSecret(c.CertSecret); err == nil && ns == c.QuotaNamespace {
+			return fmt.Errorf("--quota-ledger-namespace %q is --cert-secret's namespace: the ledgers need a namespace of their own (default %q), since the webhook may write every ConfigMap there", c.QuotaNamespace, DefaultQuotaNamespace)
+		}
+	}
+	return nil
 }
 
 // DefaultCertService is the webhook's Service in deploy/webhook.

@@ -31,7 +31,8 @@ import (
 // burst of pods at once, admit no more than the tenant's quota.
 //
 // Each tenant (or each namespace the bundle maps to no tenant) has one
-// ConfigMap in the webhook's namespace whose data holds one reservation
+// ConfigMap in the ledgers' namespace (DefaultQuotaNamespace, which holds
+// nothing else) whose data holds one reservation
 // per admitted pod, keyed by pod UID. A review of a pod reads the ledger,
 // decides with the ledger's sum as input.usage, and, when the pod is
 // admitted, writes its reservation with the ledger's resourceVersion as a
@@ -65,7 +66,8 @@ const maxLedgerAttempts = 64
 type QuotaLedgerOptions struct {
 	// Client writes the ledgers; required.
 	Client kubernetes.Interface
-	// Namespace holds the ledger ConfigMaps (the webhook's own); required.
+	// Namespace holds the ledger ConfigMaps and nothing else (the webhook
+	// may write every ConfigMap there); required.
 	Namespace string
 	// Pods is the live pods' view (Cluster.Usage). With it, a new ledger
 	// starts from the tenant's live pods, and Start releases reservations
