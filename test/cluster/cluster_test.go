@@ -296,6 +296,7 @@ func TestCluster(t *testing.T) {
 	t.Run("9-quota-burst-across-nodes", func(t *testing.T) { testQuotaBurst(ctx, t, c) })
 	t.Run("10-dra-mig-claims-on-the-gpu-node", func(t *testing.T) { testDRAClaims(ctx, t, c) })
 	t.Run("12-node-daemonset-rollout-keeps-running-pods", func(t *testing.T) { testNodeRollout(ctx, t, c) })
+	t.Run("13-rbac-each-identity-owns-its-objects", func(t *testing.T) { testRBAC(ctx, t, c) })
 
 	t.Run("6-uninstall-leaves-nothing", func(t *testing.T) {
 		// The node file the installer wrote, kept for `bulkhead node

@@ -501,7 +501,7 @@ func waitQuiet(ctx context.Context, b *testing.B, client kubernetes.Interface, d
 			return fmt.Sprintf("%d pods of %s left", len(l.Items), burstNS)
 		}
 		if engine == engineLedger {
-			cm, err := client.CoreV1().ConfigMaps("bulkhead-system").Get(ctx, "bulkhead-quota-t-"+burstNS, metav1.GetOptions{})
+			cm, err := client.CoreV1().ConfigMaps(quotaNamespace).Get(ctx, "bulkhead-quota-t-"+burstNS, metav1.GetOptions{})
 			if err == nil && len(cm.Data) > 0 {
 				return fmt.Sprintf("the ledger holds %d reservations", len(cm.Data))
 			}
