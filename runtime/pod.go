@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -107,7 +108,7 @@ func NewPod(opts PodOptions) (*Pod, error) {
 	}
 	return &Pod{
 		cfg:          opts.Config,
-		state:        node.NewStateDir(opts.Config.StateDir),
+		state:        node.NewStateDir(opts.Config),
 		runtime:      opts.Runtime,
 		shimPID:      shimPID,
 		deleteTask:   opts.DeleteTask,
@@ -121,12 +122,30 @@ func NewPod(opts PodOptions) (*Pod, error) {
 // keep it: a node agent that restarted while the pod ran serves its later
 // containers, updates and delete as the one that admitted it would.
 // opts.Runtime and opts.ShimPID are the calling shim's.
+//
+// The record lies in state_dir, which others than the agent may write; the
+// pod's later containers are judged by what it says (its namespace, UID,
+// decision and input). So it must authenticate (node.StateDir.Load) and
+// agree with the ledger's reservation on who the pod is
+// (Sandbox.CheckReservation), or the pod is refused, naming the sandbox and
+// the rule: its containers can then be neither created nor updated, and its
+// delete (or GC, once it is dead) still releases what the ledger says it
+// holds. A record of a release that sealed none (resumeUnsealed) is taken
+// only for a reservation of that release.
 func ResumePod(opts PodOptions, id string) (*Pod, error) {
 	p, err := NewPod(opts)
 	if err != nil {
 		return nil, err
 	}
 	sb, err := p.state.Load(id)
+	unsealed := errors.Is(err, node.ErrRecordUnsealed)
+	if unsealed && p.pipeline == nil {
+		// Nothing is judged with the pipeline off: the record decides
+		// nothing, and the next save seals it.
+		sb, err = p.state.LoadUnauthenticated(id)
+	} else if unsealed {
+		sb, err = p.resumeUnsealed(id)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}
@@ -143,18 +162,76 @@ func ResumePod(opts PodOptions, id string) (*Pod, error) {
 	if p.pipeline == nil {
 		return p, nil
 	}
-	var res *node.Reservation
-	if err := p.pipeline.node.Ledger().View(func(tx *node.LedgerTx) error {
-		res, err = tx.Get(id)
-		return err
-	}); err != nil {
+	res, err := p.reservation(id)
+	if err != nil {
 		return nil, err
 	}
 	if res == nil || sb.Decision == nil || sb.Input == nil {
 		return nil, fmt.Errorf("sandbox %s: resume: no admission on record (reservation %t, decision %t, input %t): the pod was admitted by a release that kept none", id, res != nil, sb.Decision != nil, sb.Input != nil)
 	}
+	if err := sb.CheckReservation(res); err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
 	p.admission = &Admission{Decision: *sb.Decision, Reservation: res, Input: *sb.Input}
 	return p, nil
+}
+
+// reservation is sandbox id's reservation in the ledger; nil if none.
+func (p *Pod) reservation(id string) (*node.Reservation, error) {
+	var res *node.Reservation
+	err := p.pipeline.node.Ledger().View(func(tx *node.LedgerTx) error {
+		var err error
+		res, err = tx.Get(id)
+		return err
+	})
+	return res, err
+}
+
+// resumeUnsealed returns the record of sandbox id that carries no MAC,
+// written by the release this one upgrades, once it is sealed. Only a
+// reservation made by such a release (no SealedRecord) vouches for one: a
+// record this release sealed and someone stripped is refused. Its identity
+// must agree with the reservation (checked here, before it is sealed, and
+// again by ResumePod); then it is sealed, and the reservation says so, so
+// that from now on it authenticates like any other. What the ledger cannot
+// vouch for (the decision's grants, the input's requests) is taken as the
+// record says: a record edited before the upgrade misled the previous
+// release in the same way.
+func (p *Pod) resumeUnsealed(id string) (*node.Sandbox, error) {
+	res, err := p.reservation(id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case res == nil:
+		return nil, fmt.Errorf("sandbox %s: record: [%s] %w, and the ledger holds no reservation to check it against", id, node.RuleRecordAuthentic, node.ErrRecordUnsealed)
+	case res.SealedRecord:
+		return nil, fmt.Errorf("sandbox %s: record: [%s] %w, but its reservation was made by a release that seals every record: refused", id, node.RuleRecordAuthentic, node.ErrRecordUnsealed)
+	}
+	sb, err := p.state.LoadUnauthenticated(id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.ID != id {
+		return nil, fmt.Errorf("sandbox %s: record: [%s] it is sandbox %q's", id, node.RuleRecordLedger, sb.ID)
+	}
+	if err := sb.CheckReservation(res); err != nil {
+		return nil, err
+	}
+	if err := p.state.Save(sb); err != nil {
+		return nil, err
+	}
+	if err := p.pipeline.node.Ledger().Update(func(tx *node.LedgerTx) error {
+		r, err := tx.Get(id)
+		if err != nil || r == nil {
+			return err
+		}
+		r.SealedRecord = true
+		return tx.Put(r)
+	}); err != nil {
+		return nil, fmt.Errorf("sandbox %s: record sealed, reservation not marked: %w", id, err)
+	}
+	return sb, nil
 }
 
 // SandboxID is the id of the pod's sandbox; "" until one was created.

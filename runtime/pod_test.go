@@ -39,7 +39,8 @@ func testBundle(t *testing.T, dir string, annotations map[string]string) string 
 // state directory, and that directory.
 func testPod(t *testing.T, check func(*node.Sandbox) error) (*Pod, *node.StateDir) {
 	t.Helper()
-	cfg := config.Config{StateDir: t.TempDir()}
+	dir := t.TempDir()
+	cfg := config.Config{StateDir: filepath.Join(dir, "state"), LedgerPath: filepath.Join(dir, "ledger.db")}
 	p, err := NewPod(PodOptions{
 		Config:       cfg,
 		Runtime:      policy.RuntimeRunc,
@@ -49,7 +50,7 @@ func testPod(t *testing.T, check func(*node.Sandbox) error) (*Pod, *node.StateDi
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, node.NewStateDir(cfg.StateDir)
+	return p, node.NewStateDir(cfg)
 }
 
 func TestNewPodRefusesBadOptions(t *testing.T) {

@@ -55,6 +55,8 @@ func (p *Pipeline) reserve(ctx context.Context, sb *node.Sandbox, in policy.Inpu
 			SandboxID: sb.ID, State: node.StateReserved, Tenant: d.Tenant, Tier: d.Tier,
 			Namespace: sb.Namespace, Pod: sb.Name, MemoryBytes: in.Request.MemoryBytes,
 			ShimPID: sb.ShimPID, CreatedAt: sb.CreatedAt,
+			// Pod.createSandbox sealed the record before it placed the pod.
+			SealedRecord: true,
 		}
 		if in.Request.GPU != nil {
 			pl, err := p.placeGPU(sb, d, in.Request.GPU, alloc)

@@ -87,7 +87,7 @@ func Open(ctx context.Context, cfg config.Config) (*Agent, error) {
 		return nil, errors.New("pipeline.enabled is false: the shims run pods unjudged and never call the agent (a benchmark baseline); there is nothing to serve")
 	}
 	a := &Agent{
-		cfg: cfg, state: node.NewStateDir(cfg.StateDir), startedAt: time.Now(),
+		cfg: cfg, state: node.NewStateDir(cfg), startedAt: time.Now(),
 		pods: map[string]*runtime.Pod{}, ops: map[uint64]*op{}, creating: map[string]bool{}, gcSoon: make(chan struct{}, 1),
 	}
 	a.openTelemetry(ctx)

@@ -227,7 +227,7 @@ func TestShimKilledMidCallLeavesNothing(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	ids, err := node.NewStateDir(a.cfg.StateDir).List()
+	ids, err := node.NewStateDir(a.cfg).List()
 	if err != nil || len(ids) != 0 {
 		t.Errorf("records after the shim died = %v, %v; want none", ids, err)
 	}

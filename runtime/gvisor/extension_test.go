@@ -70,13 +70,14 @@ func bundle(t *testing.T, dir, containerType string) string {
 
 func newTestExtension(t *testing.T) (*PodExtension, *fakeTasks, *node.StateDir) {
 	t.Helper()
-	cfg := config.Config{StateDir: t.TempDir()}
+	dir := t.TempDir()
+	cfg := config.Config{StateDir: filepath.Join(dir, "state"), LedgerPath: filepath.Join(dir, "ledger.db")}
 	tasks := &fakeTasks{t: t, configPaths: map[string]string{}}
 	p, err := NewPodExtension(cfg, tasks)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, tasks, node.NewStateDir(cfg.StateDir)
+	return p, tasks, node.NewStateDir(cfg)
 }
 
 // TestEveryContainerGetsTheSandboxOptions: the sandbox and every later

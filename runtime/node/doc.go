@@ -30,4 +30,8 @@
 //  4. The package decides nothing: the policy is asked by package runtime,
 //     and what the node keeps of a decision (Sandbox.Decision, Input) is
 //     only data for the pod's later containers and updates.
+//  5. A record is sealed under the node key when it is saved and
+//     authenticated when it is loaded (seal.go): state_dir may be written by
+//     others than the agent, the ledger and the key may not. What a record
+//     that does not authenticate says is only ever a hint (GC's liveness).
 package node

@@ -122,7 +122,12 @@ func (n *Node) GCExcept(ctx context.Context, creating func(id string) bool) (GCR
 		return rep, err
 	}
 	for _, id := range ids {
-		sb, err := state.Load(id)
+		// The record only hints at its shim here: what GC frees is what
+		// the ledger holds, and a forged pid at worst keeps a record that
+		// no agent will resume (Load refuses it). So a record that does
+		// not authenticate, an earlier release's among them, is read as
+		// it stands.
+		sb, err := state.LoadUnauthenticated(id)
 		if err != nil {
 			// A create may be writing the record right now (the directory
 			// exists before the record is renamed into it): leave it alone

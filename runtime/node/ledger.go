@@ -45,6 +45,12 @@ type Reservation struct {
 	// lives until the kubelet unprepares it, not while a shim runs, and it
 	// is no sandbox of its tenant (the pods that use it have their own).
 	Claim *ClaimRecord `json:"claim,omitempty"`
+	// SealedRecord says the sandbox's record is sealed (StateDir.Save):
+	// set by every release that seals records, when it reserves or when
+	// it seals a record of an earlier release. A record without a MAC is
+	// refused for a reservation that says so: stripping the MAC does not
+	// make a record pass for an earlier release's.
+	SealedRecord bool `json:"sealed_record,omitempty"`
 	// ShimPID is the shim that made the reservation.
 	ShimPID   int       `json:"shim_pid"`
 	CreatedAt time.Time `json:"created_at"`

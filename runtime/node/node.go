@@ -45,7 +45,7 @@ type Parts struct {
 // New assembles the node of cfg from parts already open; its records are
 // in cfg.StateDir.
 func New(cfg config.Config, parts Parts) *Node {
-	return &Node{cfg: cfg, state: NewStateDir(cfg.StateDir), ledger: parts.Ledger, gpus: parts.GPUs, backend: parts.Backend, fence: parts.Fence}
+	return &Node{cfg: cfg, state: NewStateDir(cfg), ledger: parts.Ledger, gpus: parts.GPUs, backend: parts.Backend, fence: parts.Fence}
 }
 
 // Open opens what cfg names for the node: the ledger, the MIG backend and

@@ -4,19 +4,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/bulkhead-runtime/bulkhead/internal/atomicfile"
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 )
 
 // Sandbox is Bulkhead's record of one pod sandbox. It is written to the
 // state directory before the sandbox is created, so a crash at any later
-// point leaves a record that GC can act on.
+// point leaves a record that GC can act on. It is sealed (seal.go): Load
+// returns only what this node wrote.
 type Sandbox struct {
 	// ID is the CRI sandbox id (the pause container's id).
 	ID string `json:"id"`
@@ -56,6 +60,54 @@ type Sandbox struct {
 	Input    *policy.Input    `json:"input,omitempty"`
 }
 
+// RuleRecordLedger names the rule a record breaks that says the pod is
+// another than its reservation in the ledger does.
+const RuleRecordLedger = "node.record_ledger"
+
+// CheckReservation refuses a record whose identity is not what the
+// ledger's reservation res holds for the sandbox: the namespace, pod,
+// tenant and tier it was admitted as, in the record itself and in the
+// decision and input kept with it, and the input's pod as the record
+// names it. The ledger lies outside state_dir: a record that agrees with
+// it claims no identity its pod was not admitted with.
+func (sb *Sandbox) CheckReservation(res *Reservation) error {
+	// from says where the value the record must hold comes from.
+	type field struct{ name, record, want, from string }
+	const ledger, record = "the ledger's reservation", "the record"
+	fields := []field{
+		{"sandbox id", sb.ID, res.SandboxID, ledger},
+		{"namespace", sb.Namespace, res.Namespace, ledger},
+		{"pod", sb.Name, res.Pod, ledger},
+		{"tenant", sb.Tenant, res.Tenant, ledger},
+	}
+	if d := sb.Decision; d != nil {
+		fields = append(fields,
+			field{"decision's tenant", d.Tenant, res.Tenant, ledger},
+			field{"decision's tier", d.Tier, res.Tier, ledger},
+			field{"decision's runtime", d.Runtime, sb.Runtime, record})
+		if !d.Allow {
+			return fmt.Errorf("sandbox %s: record: [%s] its decision refused the pod, yet the ledger holds its reservation", sb.ID, RuleRecordLedger)
+		}
+	}
+	if in := sb.Input; in != nil {
+		fields = append(fields,
+			field{"input's kind", in.Kind, policy.KindSandbox, "a sandbox's input"},
+			field{"input's namespace", in.Namespace, res.Namespace, ledger},
+			field{"input's pod", in.Pod.Name, res.Pod, ledger},
+			field{"input's pod uid", in.Pod.UID, sb.UID, record},
+			field{"input's runtime handler", in.Pod.RuntimeHandler, sb.Handler, record})
+		if !maps.Equal(in.Pod.Annotations, sb.Annotations) {
+			return fmt.Errorf("sandbox %s: record: [%s] the input's pod annotations %v are not the record's %v", sb.ID, RuleRecordLedger, in.Pod.Annotations, sb.Annotations)
+		}
+	}
+	for _, f := range fields {
+		if f.record != f.want {
+			return fmt.Errorf("sandbox %s: record: [%s] its %s is %q, %s says %q", sb.ID, RuleRecordLedger, f.name, f.record, f.from, f.want)
+		}
+	}
+	return nil
+}
+
 // ContainerLimits is what a pod's record keeps of one container's resources.
 type ContainerLimits struct {
 	// Name is the container's name in its pod (its id outside the CRI).
@@ -72,15 +124,41 @@ const (
 
 // StateDir keeps one directory per sandbox under <root>/sandboxes. Each
 // directory is owned by the shim serving that pod; only GC touches others.
+// Every record is sealed with the node's record key when it is saved and
+// authenticated when it is loaded.
 type StateDir struct {
 	root string
+	// keyFile is the node key the record key is derived from.
+	keyFile string
+
+	// mu guards key, read on first use and kept; a failed read is tried
+	// again on the next.
+	mu  sync.Mutex
+	key []byte
 }
 
-// NewStateDir returns the state directory rooted at root.
-func NewStateDir(root string) *StateDir { return &StateDir{root: root} }
+// NewStateDir returns the state directory of cfg (cfg.StateDir), whose
+// records are sealed under the node key cfg.PlanCacheKeyPath names.
+func NewStateDir(cfg config.Config) *StateDir {
+	return &StateDir{root: cfg.StateDir, keyFile: cfg.PlanCacheKeyPath()}
+}
 
 // Root returns the state directory's root.
 func (s *StateDir) Root() string { return s.root }
+
+// recordKey returns the key records are sealed with.
+func (s *StateDir) recordKey() ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.key == nil {
+		key, err := loadRecordKey(s.keyFile)
+		if err != nil {
+			return nil, err
+		}
+		s.key = key
+	}
+	return s.key, nil
+}
 
 // validID matches containerd ids (and so keeps ids from escaping the directory).
 var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
@@ -93,32 +171,90 @@ func (s *StateDir) Dir(id string) (string, error) {
 	return filepath.Join(s.root, "sandboxes", id), nil
 }
 
-// Save writes the record atomically (write to a temporary file, then rename).
+// Save seals the record and writes it atomically (write to a temporary
+// file, then rename). Without the node key nothing is written: a record
+// that could not be authenticated later would strand its pod.
 func (s *StateDir) Save(sb *Sandbox) error {
 	dir, err := s.Dir(sb.ID)
 	if err != nil {
 		return err
 	}
+	key, err := s.recordKey()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: seal record: %w", sb.ID, err)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
-	data, err := json.MarshalIndent(sb, "", "  ")
+	body, err := json.MarshalIndent(sb, "", "  ")
 	if err != nil {
 		return err
+	}
+	data, err := seal(key, body)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: seal record: %w", sb.ID, err)
 	}
 	return atomicfile.Write(filepath.Join(dir, "sandbox.json"), data, 0o600)
 }
 
-// Load reads the record of sandbox id.
+// Load reads the record of sandbox id and authenticates it: a record this
+// node did not seal, or sealed for another sandbox, is refused with an
+// error that names the sandbox and RuleRecordAuthentic and wraps
+// ErrRecordNotAuthentic or ErrRecordUnsealed. It never returns a record
+// it could not authenticate.
 func (s *StateDir) Load(id string) (*Sandbox, error) {
-	dir, err := s.Dir(id)
+	path, raw, err := s.read(id)
 	if err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(filepath.Join(dir, "sandbox.json"))
+	key, err := s.recordKey()
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		return nil, fmt.Errorf("sandbox %s: authenticate record: %w", id, err)
 	}
+	body, err := unseal(key, raw)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: record %s: [%s] %w", id, path, RuleRecordAuthentic, err)
+	}
+	sb, err := decodeRecord(id, body)
+	if err != nil {
+		return nil, err
+	}
+	if sb.ID != id {
+		// Another sandbox's record, copied here: its MAC is its own.
+		return nil, fmt.Errorf("sandbox %s: record %s: [%s] %w: it is sandbox %q's", id, path, RuleRecordAuthentic, ErrRecordNotAuthentic, sb.ID)
+	}
+	return sb, nil
+}
+
+// LoadUnauthenticated reads the record of sandbox id without
+// authenticating it, sealed or not. Whoever may write state_dir may have
+// written any of it: it is only for what a record merely hints (GC's
+// liveness of a shim) and for a record of an earlier release that the
+// caller checks against the ledger (runtime.ResumePod).
+func (s *StateDir) LoadUnauthenticated(id string) (*Sandbox, error) {
+	_, raw, err := s.read(id)
+	if err != nil {
+		return nil, err
+	}
+	return decodeRecord(id, raw)
+}
+
+// read returns the path and the bytes of sandbox id's record.
+func (s *StateDir) read(id string) (string, []byte, error) {
+	dir, err := s.Dir(id)
+	if err != nil {
+		return "", nil, err
+	}
+	path := filepath.Join(dir, "sandbox.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return path, raw, nil
+}
+
+// decodeRecord decodes the record of sandbox id from its JSON.
+func decodeRecord(id string, data []byte) (*Sandbox, error) {
 	var sb Sandbox
 	if err := json.Unmarshal(data, &sb); err != nil {
 		return nil, fmt.Errorf("sandbox %s: decode record: %w", id, err)
