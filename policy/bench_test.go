@@ -217,7 +217,7 @@ func regoSteps(b testing.TB, e *Engine, inputs []Input) float64 {
 	return float64(c.n) / float64(len(inputs))
 }
 
-// openLargeCluster opens the default bundle with the demo tenants and n more,
+// openLargeCluster opens demoBundle with the demo tenants and n more,
 // each with two namespaces: a cluster where walking every tenant per
 // decision would show.
 func openLargeCluster(tb testing.TB, n int) *Engine {
@@ -241,7 +241,7 @@ func openLargeCluster(tb testing.TB, n int) *Engine {
 		tb.Fatal(err)
 	}
 	e, err := Open(context.Background(), Options{
-		BundlePath: repoPath(tb, "rego"), DataPath: path, InsecureSkipVerification: true, Logger: quietLogger(),
+		BundlePath: demoBundle(tb), DataPath: path, InsecureSkipVerification: true, Logger: quietLogger(),
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -278,7 +278,7 @@ func BenchmarkDecideParallel(b *testing.B) {
 // BenchmarkDecideWithDecisionLog adds masking and a JSON line per decision.
 func BenchmarkDecideWithDecisionLog(b *testing.B) {
 	e, err := Open(context.Background(), Options{
-		BundlePath:               repoPath(b, "rego"),
+		BundlePath:               demoBundle(b),
 		DataPath:                 repoPath(b, "rego/examples/tenants.demo.json"),
 		InsecureSkipVerification: true,
 		DecisionLog:              io.Discard,

@@ -6,6 +6,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/util"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 )
@@ -23,7 +24,28 @@ func repoPath(t testing.TB, rel string) string {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// openDefault opens the default bundle unsigned, with the demo tenants.
+// signedPlatform is the trusted tenant of these tests. The default trusted
+// tier does not set unsigned_tenants, so the data file cannot name it: a
+// trusted tenant is signed into the bundle, as deploy/policy/build.sh does.
+const signedPlatform = `{"platform": {"tier": "trusted", "namespaces": ["platform", "kube-system"]}}`
+
+// demoBundle is the default bundle (its .manifest included) with
+// signedPlatform in its data.
+func demoBundle(t testing.TB) string {
+	t.Helper()
+	dir := bundleWithTenants(t, signedPlatform, nil)
+	manifest, err := os.ReadFile(repoPath(t, "rego/.manifest"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ".manifest"), manifest, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// openDefault opens the default bundle unsigned with signedPlatform, and
+// the demo tenants as the data file.
 func openDefault(t testing.TB) *Engine {
 	t.Helper()
 	return openDefaultWith(t, "")
@@ -33,7 +55,7 @@ func openDefault(t testing.TB) *Engine {
 func openDefaultWith(t testing.TB, evaluator string) *Engine {
 	t.Helper()
 	e, err := Open(context.Background(), Options{
-		BundlePath:               repoPath(t, "rego"),
+		BundlePath:               demoBundle(t),
 		DataPath:                 repoPath(t, "rego/examples/tenants.demo.json"),
 		InsecureSkipVerification: true,
 		Logger:                   quietLogger(),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"github.com/open-policy-agent/opa/v1/ast"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,7 +54,8 @@ func runOPA(t *testing.T, opa string, args ...string) []byte {
 }
 
 // demoBundleDir copies rego/ without its tests into a temporary directory,
-// with the demo tenants folded into data.json so that `opa eval` sees them.
+// with the demo tenants and signedPlatform folded into data.json so that
+// `opa eval` sees them.
 func demoBundleDir(t *testing.T) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "bundle")
@@ -90,6 +92,11 @@ func demoBundleDir(t *testing.T) string {
 	if err := mergeInto(b.Data["bulkhead"].(map[string]any), demo["bulkhead"].(map[string]any), "data.bulkhead"); err != nil {
 		t.Fatal(err)
 	}
+	var platform map[string]any
+	if err := json.Unmarshal([]byte(signedPlatform), &platform); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(b.Data["bulkhead"].(map[string]any)["tenants"].(map[string]any), platform)
 	out, _ := json.MarshalIndent(b.Data, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "data.json"), out, 0o644); err != nil {
 		t.Fatal(err)

@@ -181,22 +181,15 @@ func defaultModules(t testing.TB) map[string]string {
 }
 
 // signedDefaultOptions builds the default bundle as deploy/ and the e2e
-// nodes do (its modules without tests, .manifest, data.json) as a tarball
-// signed with a fresh key for scope "write", and returns the options a
-// node opens it with: that key, the demo tenants as data file.
+// nodes do (its modules without tests, .manifest, data.json with
+// signedPlatform: demoBundle) as a tarball signed with a fresh key for
+// scope "write", and returns the options a node opens it with: that key,
+// the demo tenants as data file.
 func signedDefaultOptions(t testing.TB) Options {
 	t.Helper()
 	dir := t.TempDir()
 	kp := newKeyPair(t, dir, "node")
-	files := defaultModules(t)
-	for _, name := range []string{".manifest", "data.json"} {
-		data, err := os.ReadFile(repoPath(t, "rego/"+name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[name] = string(data)
-	}
-	src := writeBundleDir(t, files)
+	src := demoBundle(t)
 	tarball := filepath.Join(dir, "bundle.tar.gz")
 	buildBundle(t, src, tarball, &kp, "node", "write")
 	return Options{

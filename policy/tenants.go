@@ -22,12 +22,18 @@ import (
 //
 // The data file may add tenants, never touch one the bundle defines, and a
 // tenant it adds gets nothing its signed tier does not bound: its tier is
-// one the bundle defines, its namespaces are no signed tenant's, its keys
-// are the tenant fields of data.schema.json, and every CIDR of its egress
-// allow-list lies inside its tier's network.unsigned_egress_bound (a tier
-// without one lets the data file list none). Its quota is not bounded by
-// the tier: the tier's own caps (gpu.max_slices) apply to every tenant
-// whatever its quota says.
+// one the bundle defines and opens to the file (unsigned_tenants: true; a
+// tier without it, such as the default trusted, takes signed tenants
+// only), its namespaces are no signed tenant's, its keys are the tenant
+// fields of data.schema.json, and every CIDR of its egress allow-list lies
+// inside its tier's network.unsigned_egress_bound (a tier without one lets
+// the data file list none). Its quota is not bounded by the tier: the
+// tier's own caps (gpu.max_slices) apply to every tenant whatever its
+// quota says.
+
+// unsignedTenants is the tier key that lets the data file put a tenant on
+// the tier: true opens it, absent or false keeps it to signed tenants.
+const unsignedTenants = "unsigned_tenants"
 
 // unsignedEgressBound is the tier key, under network, that bounds the
 // egress allow-list of a tenant from the data file.
@@ -68,6 +74,15 @@ func checkSignedData(data map[string]any) error {
 		for _, name := range slices.Sorted(maps.Keys(obj)) {
 			if err := dnslabel.Check(name); err != nil {
 				return fmt.Errorf("data.bulkhead.tiers: tier %q %w", name, err)
+			}
+			// Checked here, not when a data file names the tier: a
+			// misspelt value must not pass for "closed" until the day a
+			// file needs it.
+			tier, _ := obj[name].(map[string]any)
+			if v, ok := tier[unsignedTenants]; ok {
+				if _, ok := v.(bool); !ok {
+					return fmt.Errorf("data.bulkhead.tiers: tier %q %s: want a boolean, got %s", name, unsignedTenants, jsonType(v))
+				}
 			}
 		}
 	}
@@ -124,6 +139,9 @@ func checkUnsignedTenants(signed map[string]any, tenants any) error {
 		tier, ok := signedTiers[tierName].(map[string]any)
 		if !ok {
 			return fmt.Errorf("tenant %q: tier %q is not a tier of the signed bundle (data.bulkhead.tiers)", name, tierName)
+		}
+		if open, _ := tier[unsignedTenants].(bool); !open {
+			return fmt.Errorf("tenant %q: tier %q does not set %s: true (data.bulkhead.tiers.%s.%s): a tenant from the unsigned data file may name only a tier the signed bundle opens to it; sign this tenant into the bundle instead", name, tierName, unsignedTenants, tierName, unsignedTenants)
 		}
 		nss, _ := t["namespaces"].([]any)
 		for _, ns := range nss {

@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -154,6 +155,89 @@ func TestUnsignedEgressBoundMalformed(t *testing.T) {
 	}
 }
 
+// TestDataFileTierNeedsSignedConsent: the data file may name only a tier
+// whose signed settings say unsigned_tenants: true, so that whoever writes
+// the unsigned file cannot put a tenant on trusted (runc, privileged, host
+// network, "/" mounted read-write) (issue 36, item 4). Absent or false
+// refuses; a value that is not a boolean refuses the bundle itself.
+func TestDataFileTierNeedsSignedConsent(t *testing.T) {
+	tenant := func(name, tier string) string {
+		return `"` + name + `": {"tier": "` + tier + `", "namespaces": ["` + name + `"]}`
+	}
+	tiersOf := func(data map[string]any) map[string]any {
+		return data["bulkhead"].(map[string]any)["tiers"].(map[string]any)
+	}
+	// batch is the default standard tier under another name, with the
+	// key set to v (nil: left out).
+	batch := func(v any) func(map[string]any) {
+		return func(data map[string]any) {
+			tiers := tiersOf(data)
+			b := maps.Clone(tiers["standard"].(map[string]any))
+			delete(b, "unsigned_tenants")
+			if v != nil {
+				b["unsigned_tenants"] = v
+			}
+			tiers["batch"] = b
+		}
+	}
+	setOn := func(tier string, v any) func(map[string]any) {
+		return func(data map[string]any) { tiersOf(data)[tier].(map[string]any)["unsigned_tenants"] = v }
+	}
+	for _, tc := range []struct {
+		name    string
+		mod     func(map[string]any) // edits the signed data
+		tenants string               // the data file's tenants; "" = no data file
+		want    string               // "" = accepted
+	}{
+		{"trusted is refused", nil, `{` + tenant("ops", "trusted") + `}`,
+			`tenant "ops": tier "trusted" does not set unsigned_tenants: true (data.bulkhead.tiers.trusted.unsigned_tenants)`},
+		{"standard is accepted", nil, `{` + tenant("lab", "standard") + `}`, ""},
+		{"untrusted is accepted", nil, `{` + tenant("bots", "untrusted") + `}`, ""},
+		{"one refused tenant refuses the file", nil, `{` + tenant("lab", "standard") + `, ` + tenant("ops", "trusted") + `}`,
+			`tenant "ops": tier "trusted" does not set unsigned_tenants`},
+		{"custom tier without the key is refused", batch(nil), `{` + tenant("etl", "batch") + `}`,
+			`tenant "etl": tier "batch" does not set unsigned_tenants: true (data.bulkhead.tiers.batch.unsigned_tenants)`},
+		{"custom tier with the key is accepted", batch(true), `{` + tenant("etl", "batch") + `}`, ""},
+		{"the key false is refused", setOn("standard", false), `{` + tenant("lab", "standard") + `}`,
+			`tenant "lab": tier "standard" does not set unsigned_tenants: true`},
+		{"the key set on trusted lets the file name it", setOn("trusted", true), `{` + tenant("ops", "trusted") + `}`, ""},
+		{"the key as a string refuses the bundle", setOn("standard", "true"), "",
+			`data.bulkhead.tiers: tier "standard" unsigned_tenants: want a boolean, got a string`},
+		{"the key as null refuses the bundle", setOn("standard", nil), "",
+			`data.bulkhead.tiers: tier "standard" unsigned_tenants: want a boolean, got null`},
+		{"a tier without the key loads", batch(nil), "", ""},
+		{"the key as a number refuses the bundle", setOn("trusted", 1), "",
+			`data.bulkhead.tiers: tier "trusted" unsigned_tenants: want a boolean, got a number`},
+		{"the key as an object refuses the bundle with a data file", setOn("untrusted", map[string]any{"allow": true}), `{` + tenant("bots", "untrusted") + `}`,
+			`data.bulkhead.tiers: tier "untrusted" unsigned_tenants: want a boolean, got an object`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bundle := bundleWithTenants(t, signedAgents, tc.mod)
+			var err error
+			if tc.tenants == "" {
+				var e *Engine
+				if e, err = Open(context.Background(), Options{BundlePath: bundle, InsecureSkipVerification: true, Logger: quietLogger()}); err == nil {
+					e.Close()
+				}
+			} else {
+				var e *Engine
+				if e, err = openWithDataFile(t, bundle, tc.tenants); err == nil {
+					e.Close()
+				}
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Open: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Open = %v\nwant an error containing %s", err, tc.want)
+			}
+		})
+	}
+}
+
 // badNames are names that are not DNS-1123 labels, each with what the
 // refusal says about it. "agents\u0000" is the one that aliased agents'
 // fence identity (issue 24, hole 5).
@@ -227,10 +311,10 @@ func TestNamesAreLabelsInSignedBundle(t *testing.T) {
 	}
 }
 
-// The tenants of the shipped examples are within their tiers and named by
-// labels: the demo and the docs load as they are.
+// The tenants of the shipped example are within their tiers and named by
+// labels: the demo and the docs load it as it is, over the default bundle.
 func TestShippedTenantsLoad(t *testing.T) {
-	for _, path := range []string{"rego/examples/tenants.demo.json", "policy/admission/testdata/tenants.json"} {
+	for _, path := range []string{"rego/examples/tenants.demo.json"} {
 		e, err := Open(context.Background(), Options{BundlePath: repoPath(t, "rego"), DataPath: repoPath(t, path), InsecureSkipVerification: true, Logger: quietLogger()})
 		if err != nil {
 			t.Errorf("%s: %v", path, err)
@@ -241,8 +325,10 @@ func TestShippedTenantsLoad(t *testing.T) {
 }
 
 // FuzzMergeData: whatever the data file holds, merging it over a bundle
-// with signed tenants is an error or a merge that kept every signed tenant
-// as signed, never a panic.
+// with signed tenants is an error or a merge that stays within the signed
+// tenants and tiers, never a panic: every signed tenant kept as signed,
+// the tiers untouched, and every tenant the file added on a tier the
+// signed data opens to it (unsigned_tenants: true), never on trusted.
 func FuzzMergeData(f *testing.F) {
 	raw, err := os.ReadFile(repoPath(f, "rego/data.json"))
 	if err != nil {
@@ -253,11 +339,22 @@ func FuzzMergeData(f *testing.F) {
 		`{"bulkhead": {"tenants": {"bots": {"tier": "untrusted", "namespaces": ["bots"], "egress_cidrs": ["10.1.0.0/16"], "quota": {"sandboxes": 3, "memory": "1Gi"}}}}}`,
 		`{"bulkhead": {"tenants": {"agents\u0000": {"tier": "untrusted", "namespaces": ["agents"]}}}}`,
 		`{"bulkhead": {"tenants": {"bots": {"tier": "untrusted", "namespaces": [null, 1, {}], "egress_cidrs": [[]], "quota": []}}}}`,
+		`{"bulkhead": {"tenants": {"ops": {"tier": "trusted", "namespaces": ["ops"]}}}}`,
+		`{"bulkhead": {"tenants": {"lab": {"tier": "standard", "namespaces": ["lab"]}, "ops": {"tier": "trusted", "namespaces": ["ops"]}}}}`,
+		`{"bulkhead": {"tenants": {"ops": {"tier": "trusted", "namespaces": ["ops"]}}, "tiers": {"trusted": {"unsigned_tenants": true}}}}`,
 		`{"bulkhead": {"tenants": null}}`,
 		`{"bulkhead": {}}`,
 	} {
 		f.Add([]byte(seed))
 	}
+	// The oracle reads the signed data on its own, from a copy the merge
+	// never sees.
+	var signedData map[string]any
+	if err := json.Unmarshal(raw, &signedData); err != nil {
+		f.Fatal(err)
+	}
+	signedTiers := objectAt(signedData, "bulkhead", "tiers")
+	tiersJSON, _ := json.Marshal(signedTiers)
 	f.Fuzz(func(t *testing.T, file []byte) {
 		var data map[string]any
 		if err := json.Unmarshal(raw, &data); err != nil {
@@ -270,9 +367,23 @@ func FuzzMergeData(f *testing.F) {
 		if mergeData(b, file) != nil {
 			return
 		}
-		agents := objectAt(b.Data, "bulkhead", "tenants", "agents")
+		tenants := objectAt(b.Data, "bulkhead", "tenants")
+		agents, _ := tenants["agents"].(map[string]any)
 		if len(agents) != 3 || len(agents["egress_cidrs"].([]any)) != 1 {
 			t.Fatalf("data file %q changed the signed tenant: %v", file, agents)
+		}
+		if got, _ := json.Marshal(objectAt(b.Data, "bulkhead", "tiers")); string(got) != string(tiersJSON) {
+			t.Fatalf("data file %q changed the signed tiers", file)
+		}
+		for name, v := range tenants {
+			if name == "agents" {
+				continue
+			}
+			tenant, _ := v.(map[string]any)
+			tier, _ := tenant["tier"].(string)
+			if open, _ := objectAt(signedTiers, tier)["unsigned_tenants"].(bool); !open || tier == "trusted" {
+				t.Fatalf("data file %q put tenant %q on tier %q, which the signed data does not open to it", file, name, tier)
+			}
 		}
 	})
 }
