@@ -100,7 +100,14 @@ var canIRow = regexp.MustCompile(`^(\S*)\s+\[([^\]]*)\]\s+\[([^\]]*)\]\s+\[([^\]
 // resource[/name]" (or "verb URL") per right.
 func parseCanIList(out string) (map[string]bool, error) {
 	rights := map[string]bool{}
-	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	var lines []string
+	for _, l := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		// kubectl's warnings (a list the authorizers say may be
+		// incomplete) come on stderr, in the same output.
+		if !strings.HasPrefix(l, "Warning:") {
+			lines = append(lines, l)
+		}
+	}
 	if len(lines) == 0 || !strings.HasPrefix(lines[0], "Resources") {
 		return nil, fmt.Errorf("not the output of kubectl auth can-i --list:\n%s", out)
 	}
@@ -143,6 +150,9 @@ secrets                                                      []                 
 		"get secrets/bulkhead-webhook-cert", "list secrets/bulkhead-webhook-cert", "watch secrets/bulkhead-webhook-cert", "update secrets/bulkhead-webhook-cert", "get /api/*"}
 	if !slices.Equal(slices.Sorted(maps.Keys(got)), slices.Sorted(slices.Values(want))) {
 		t.Errorf("parsed %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(slices.Values(want)))
+	}
+	if got, err := parseCanIList("Warning: the list may be incomplete: webhook authorizer does not support user rule resolution\n" + out); err != nil || len(got) != len(want) {
+		t.Errorf("with a warning first: %v, %v", got, err)
 	}
 	if _, err := parseCanIList("error: unknown flag"); err == nil {
 		t.Error("parsed an error message")
