@@ -816,7 +816,7 @@ func TestChartSchemaRejects(t *testing.T) {
 // every ConfigMap (the bundle, its key, the nodes' config and installer).
 func TestChartRefusesLedgersBesideTrust(t *testing.T) {
 	_, err := runHelm(t, "template", "bulkhead", chartDir, "--set", "webhook.quotaLedgerNamespace="+namespace)
-	if err == nil || !strings.Contains(err.Error(), "webhook.quotaLedgerNamespace") || !strings.Contains(err.Error(), "namespace of its own") {
+	if err == nil || !strings.Contains(err.Error(), "webhook.quotaLedgerNamespace") || !strings.Contains(err.Error(), "a namespace of their own") {
 		t.Fatalf("helm template with the ledgers in %s: %v, want a refusal that names webhook.quotaLedgerNamespace", namespace, err)
 	}
 }
