@@ -226,9 +226,10 @@ func testRBAC(ctx context.Context, t *testing.T, c *Cluster) {
 				if verb == "create" {
 					target = o.resource
 				}
-				args := []string{"auth", "can-i", verb, target, "--as=" + user}
-				if o.namespace != "" {
-					args = append(args, "-n", o.namespace)
+				args := []string{"auth", "can-i", verb, target, "--as=" + user, "-n", o.namespace}
+				if o.namespace == "" {
+					// Cluster-scoped: no namespace, or kubectl warns.
+					args = append(args[:len(args)-2], "--all-namespaces")
 				}
 				out, _ := kubectl(args...)
 				if strings.TrimSpace(out) != "no" {
@@ -317,10 +318,17 @@ spec:
 			_, _ = c.Kubectl(context.Background(), "delete", "resourceslice", n, "--ignore-not-found")
 		}
 	})
-	refused := func(what, out string, err error) {
+	// The policy's refusals, by what they name.
+	const (
+		otherNode   = "may write only that node's ResourceSlices"
+		otherDriver = "may write only ResourceSlices of driver mig.bulkhead.dev"
+		noNode      = "only with a token bound to a pod on a node"
+	)
+	refused := func(what, why, out string, err error) {
 		t.Helper()
-		if err == nil || !strings.Contains(out, "ValidatingAdmissionPolicy '"+resourceSlicePolicy+"'") || !strings.Contains(out, "denied request") {
-			t.Errorf("%s: %v, want the policy's refusal:\n%s", what, err, out)
+		if err == nil || !strings.Contains(out, "ValidatingAdmissionPolicy '"+resourceSlicePolicy+"'") || !strings.Contains(out, "denied request") ||
+			!strings.Contains(out, why) {
+			t.Errorf("%s: %v, want the policy's refusal (%s):\n%s", what, err, why, out)
 			return
 		}
 		t.Logf("%s: refused: %s", what, strings.TrimSpace(out))
@@ -341,29 +349,29 @@ spec:
 
 	// Impersonated, with the extra of a token bound to NodeB.
 	out, err = c.KubectlStdin(ctx, slice("rbac-other-node", NodeA, "mig.bulkhead.dev"), append(as(NodeB), "create", "-f", "-")...)
-	refused("the agent of "+NodeB+" creates a slice of "+NodeA, out, err)
+	refused("the agent of "+NodeB+" creates a slice of "+NodeA, otherNode, out, err)
 	out, err = kubectl(append(as(NodeB), "delete", "resourceslice", nodeASlice)...)
-	refused("the agent of "+NodeB+" deletes "+NodeA+"'s slice "+nodeASlice, out, err)
+	refused("the agent of "+NodeB+" deletes "+NodeA+"'s slice "+nodeASlice, otherNode, out, err)
 	// An update (PUT: the agent's account may update, not patch) of
 	// NodeA's slice, labelled.
 	if edited, err := labelled(kubectl("get", "resourceslice", nodeASlice, "-o", "json")); err != nil {
 		t.Errorf("get %s: %v", nodeASlice, err)
 	} else {
 		out, err = c.KubectlStdin(ctx, edited, append(as(NodeB), "replace", "-f", "-")...)
-		refused("the agent of "+NodeB+" updates "+NodeA+"'s slice "+nodeASlice, out, err)
+		refused("the agent of "+NodeB+" updates "+NodeA+"'s slice "+nodeASlice, otherNode, out, err)
 	}
 	out, err = c.KubectlStdin(ctx, slice("rbac-all-nodes", "", "mig.bulkhead.dev"), append(as(NodeB), "create", "-f", "-")...)
-	refused("the agent of "+NodeB+" creates a slice of all nodes", out, err)
+	refused("the agent of "+NodeB+" creates a slice of all nodes", otherNode, out, err)
 	out, err = c.KubectlStdin(ctx, slice("rbac-driver", NodeB, "gpu.example.com"), append(as(NodeB), "create", "-f", "-")...)
-	refused("the agent of "+NodeB+" creates a slice of its node for driver gpu.example.com", out, err)
+	refused("the agent of "+NodeB+" creates a slice of its node for driver gpu.example.com", otherDriver, out, err)
 	out, err = c.KubectlStdin(ctx, slice("rbac-no-node", NodeB, "mig.bulkhead.dev"), append(as(""), "create", "-f", "-")...)
-	refused("the agent's account without a node creates a slice of "+NodeB, out, err)
+	refused("the agent's account without a node creates a slice of "+NodeB, noNode, out, err)
 	// Another driver's slice on NodeB (made by the admin, whom the policy
 	// does not match): the agent of NodeB may not delete it.
 	out, err = c.KubectlStdin(ctx, slice("rbac-other-driver", NodeB, "gpu.example.com"), "create", "-f", "-")
 	allowed("the admin creates a slice of driver gpu.example.com on "+NodeB, out, err)
 	out, err = kubectl(append(as(NodeB), "delete", "resourceslice", "rbac-other-driver")...)
-	refused("the agent of "+NodeB+" deletes a slice of driver gpu.example.com", out, err)
+	refused("the agent of "+NodeB+" deletes a slice of driver gpu.example.com", otherDriver, out, err)
 	// Its own node's slice of its own driver: created, updated, deleted.
 	out, err = c.KubectlStdin(ctx, slice("rbac-own", NodeB, "mig.bulkhead.dev"), append(as(NodeB), "create", "-f", "-")...)
 	allowed("the agent of "+NodeB+" creates a slice of "+NodeB, out, err)
@@ -424,9 +432,9 @@ spec:
 			out, err = withToken("", "delete", "resourceslice", "rbac-token")
 			allowed("a token bound to "+pod+" deletes its slice", out, err)
 			out, err = withToken(slice("rbac-token-other", NodeA, "mig.bulkhead.dev"), "create", "-f", "-")
-			refused("a token bound to "+pod+" creates a slice of "+NodeA, out, err)
+			refused("a token bound to "+pod+" creates a slice of "+NodeA, otherNode, out, err)
 		} else {
-			refused("a token bound to no pod creates a slice of "+NodeB, out, err)
+			refused("a token bound to no pod creates a slice of "+NodeB, noNode, out, err)
 		}
 	}
 	// Nothing of the test's is left, and NodeA's slice is still there.
