@@ -288,6 +288,13 @@ state = "{{.State}}"
     sandbox = "{{.PauseImage}}"
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
+  # containerd v2.4's CRI stats collector asks every task for metrics each
+  # second by default. gVisor's shim answers that (Stats) holding the
+  # container's lock across a runsc events call, and loading a task for an
+  # exec (State) needs the same lock, within containerd's 2 s state timeout:
+  # under load an exec failed with "failed to load task: context deadline
+  # exceeded". 10 s is cAdvisor's own housekeeping pace (docs/install.md).
+  stats_collect_period = "10s"
   netns_mounts_under_state_dir = {{.NetnsUnderState}}
   enable_selinux = false
 {{- if .CDISpecDir}}
