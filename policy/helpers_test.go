@@ -6,7 +6,6 @@ import (
 	"github.com/open-policy-agent/opa/v1/util"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 )
@@ -33,15 +32,7 @@ const signedPlatform = `{"platform": {"tier": "trusted", "namespaces": ["platfor
 // signedPlatform in its data.
 func demoBundle(t testing.TB) string {
 	t.Helper()
-	dir := bundleWithTenants(t, signedPlatform, nil)
-	manifest, err := os.ReadFile(repoPath(t, "rego/.manifest"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, ".manifest"), manifest, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return bundleWithTenants(t, signedPlatform, nil)
 }
 
 // openDefault opens the default bundle unsigned with signedPlatform, and

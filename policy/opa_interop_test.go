@@ -12,6 +12,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/bulkhead-runtime/bulkhead/policy/policytest"
 )
 
 // opaBinary finds the real opa v1.22.4 that `make tools` installs.
@@ -53,55 +55,25 @@ func runOPA(t *testing.T, opa string, args ...string) []byte {
 	return out
 }
 
-// demoBundleDir copies rego/ without its tests into a temporary directory,
-// with the demo tenants and signedPlatform folded into data.json so that
-// `opa eval` sees them.
+// demoBundleDir is the default bundle (policytest) with the demo tenants
+// and signedPlatform in its data.json, so that `opa eval` sees them.
 func demoBundleDir(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "bundle")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	entries, err := os.ReadDir(repoPath(t, "rego"))
+	var demo map[string]map[string]map[string]any
+	raw, err := os.ReadFile(repoPath(t, "rego/examples/tenants.demo.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range entries {
-		name := e.Name()
-		if e.IsDir() || strings.HasSuffix(name, "_test.rego") || name == "data.json" {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(repoPath(t, "rego"), name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b := &struct{ Data map[string]any }{}
-	raw, _ := os.ReadFile(repoPath(t, "rego/data.json"))
-	if err := json.Unmarshal(raw, &b.Data); err != nil {
-		t.Fatal(err)
-	}
-	raw, _ = os.ReadFile(repoPath(t, "rego/examples/tenants.demo.json"))
-	var demo map[string]any
 	if err := json.Unmarshal(raw, &demo); err != nil {
-		t.Fatal(err)
-	}
-	if err := mergeInto(b.Data["bulkhead"].(map[string]any), demo["bulkhead"].(map[string]any), "data.bulkhead"); err != nil {
 		t.Fatal(err)
 	}
 	var platform map[string]any
 	if err := json.Unmarshal([]byte(signedPlatform), &platform); err != nil {
 		t.Fatal(err)
 	}
-	maps.Copy(b.Data["bulkhead"].(map[string]any)["tenants"].(map[string]any), platform)
-	out, _ := json.MarshalIndent(b.Data, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, "data.json"), out, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	maps.Copy(demo["bulkhead"]["tenants"], platform)
+	all, _ := json.Marshal(demo)
+	return policytest.BundleWithTenants(t, string(all))
 }
 
 // TestOPABuiltSignedBundle builds and signs the default bundle with the real

@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/open-policy-agent/opa/v1/bundle"
@@ -159,25 +158,6 @@ func writeBundleDir(t testing.TB, files map[string]string) string {
 		}
 	}
 	return dir
-}
-
-// defaultModules are the default bundle's modules but its tests, from
-// file name to content.
-func defaultModules(t testing.TB) map[string]string {
-	t.Helper()
-	files := map[string]string{}
-	paths, _ := filepath.Glob(repoPath(t, "rego/*.rego"))
-	for _, p := range paths {
-		if strings.HasSuffix(p, "_test.rego") {
-			continue
-		}
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[filepath.Base(p)] = string(raw)
-	}
-	return files
 }
 
 // signedDefaultOptions builds the default bundle as deploy/ and the e2e

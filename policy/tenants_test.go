@@ -10,36 +10,24 @@ import (
 	"testing"
 
 	"github.com/open-policy-agent/opa/v1/bundle"
+
+	"github.com/bulkhead-runtime/bulkhead/policy/policytest"
 )
 
 // signedAgents is a tenant the signed bundle of these tests defines.
 const signedAgents = `{"agents": {"tier": "untrusted", "namespaces": ["agents"], "egress_cidrs": ["10.96.0.0/12"]}}`
 
-// bundleWithTenants writes the default bundle (its modules without tests,
-// rego/data.json) with data.bulkhead.tenants set to tenants, a JSON object:
-// the tenants the security team signed. mod, when set, edits the data.
+// bundleWithTenants writes the default bundle (policytest: its modules
+// without tests, .manifest, rego/data.json) with data.bulkhead.tenants set
+// to tenants, a JSON object: the tenants the security team signed. mod,
+// when set, edits the data.
 func bundleWithTenants(t testing.TB, tenants string, mod func(data map[string]any)) string {
 	t.Helper()
-	files := defaultModules(t)
-	raw, err := os.ReadFile(repoPath(t, "rego/data.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var data map[string]any
-	if err := json.Unmarshal(raw, &data); err != nil {
-		t.Fatal(err)
-	}
-	var ts any
-	if err := json.Unmarshal([]byte(tenants), &ts); err != nil {
-		t.Fatalf("tenants %s: %v", tenants, err)
-	}
-	data["bulkhead"].(map[string]any)["tenants"] = ts
+	var edits []policytest.Edit
 	if mod != nil {
-		mod(data)
+		edits = append(edits, mod)
 	}
-	raw, _ = json.Marshal(data)
-	files["data.json"] = string(raw)
-	return writeBundleDir(t, files)
+	return policytest.BundleWithTenants(t, `{"bulkhead": {"tenants": `+tenants+`}}`, edits...)
 }
 
 // openWithDataFile opens bundle with a data file holding tenants as its

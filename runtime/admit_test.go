@@ -10,10 +10,10 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/policy/policytest"
 	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 	"github.com/bulkhead-runtime/bulkhead/runtime/specinput"
-	testnode "github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
 // TestNodeRefusesHostNetworkSandbox: a sandbox spec without a network
@@ -114,17 +114,13 @@ func TestAdmitContainerJudgesTheSpec(t *testing.T) {
 	}
 }
 
-// testPipelineEnforcing is testPipeline on a copy of the default bundle
-// whose data.bulkhead.enforcement is enforcement (the signed bundle's
+// testPipelineEnforcing is testPipeline on policyBundle with
+// data.bulkhead.enforcement set to enforcement (the signed bundle's
 // setting; the data file may not change it).
 func testPipelineEnforcing(t *testing.T, enforcement map[string]string) *Pipeline {
 	t.Helper()
-	dir := t.TempDir()
-	if err := testnode.EnforcingBundle(dir, "../rego", enforcement); err != nil {
-		t.Fatal(err)
-	}
 	cfg := testConfig(t)
-	cfg.Policy.Bundle = dir
+	cfg.Policy.Bundle = policyBundle(t, policytest.Enforcement(enforcement))
 	p, err := OpenPipeline(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -19,9 +19,10 @@ import (
 // open's stages reach the sandbox's start trace.
 func TestShimsSharePolicyPlanCache(t *testing.T) {
 	dir := t.TempDir()
-	// Signed with the real opa, as deploy/ signs (skips without it); the
-	// tenants come from the unsigned data file, as on a node.
-	tarball, pubKey, err := testnode.SignBundle(dir, "../rego", `{"bulkhead": {"tenants": {}}}`, testnode.BinDirs())
+	// Signed with the real opa, as deploy/ signs (skips without it), with
+	// signedTenants; the others come from the unsigned data file, as on a
+	// node.
+	tarball, pubKey, err := testnode.SignBundle(dir, "../rego", signedTenants, testnode.BinDirs())
 	if err != nil {
 		t.Skip(err)
 	}

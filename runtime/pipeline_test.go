@@ -16,16 +16,31 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/policy/policytest"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
 )
 
+// testTenants are the node's data file: tenants of the tiers that open
+// themselves to it (unsigned_tenants).
 const testTenants = `{"bulkhead": {"tenants": {
   "agents":   {"tier": "untrusted", "namespaces": ["agents"], "quota": {"sandboxes": 2, "gpu_slices": 3, "memory": "8Gi"}},
-  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 10, "gpu_slices": 14, "memory": "64Gi"}},
+  "research": {"tier": "standard",  "namespaces": ["research"], "quota": {"sandboxes": 10, "gpu_slices": 14, "memory": "64Gi"}}
+}}}`
+
+// signedTenants are signed into the bundle (policyBundle): platform's tier,
+// trusted, keeps to signed tenants, so the data file cannot name it.
+const signedTenants = `{"bulkhead": {"tenants": {
   "platform": {"tier": "trusted",   "namespaces": ["platform"]}
 }}}`
+
+// policyBundle is the default bundle with signedTenants in its data and
+// edits applied, as a security team builds a node's bundle.
+func policyBundle(t testing.TB, edits ...policytest.Edit) string {
+	t.Helper()
+	return policytest.BundleWithTenants(t, signedTenants, edits...)
+}
 
 // testPipeline is the real pipeline on the default bundle, a real ledger
 // and a mock H200 node, without the fence (no root needed).
@@ -48,9 +63,9 @@ func testPipelineWith(t *testing.T, edit func(*config.Config)) *Pipeline {
 	return p
 }
 
-// testConfig is a node's configuration with the default bundle, the
-// tenants of testTenants, two mock H200s and the fence off (it needs root;
-// test/e2e runs it), every file in a fresh directory.
+// testConfig is a node's configuration with policyBundle, the tenants of
+// testTenants as its data file, two mock H200s and the fence off (it needs
+// root; test/e2e runs it), every file in a fresh directory.
 func testConfig(t testing.TB) config.Config {
 	t.Helper()
 	dir := t.TempDir()
@@ -58,10 +73,7 @@ func testConfig(t testing.TB) config.Config {
 	if err := os.WriteFile(data, []byte(testTenants), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	bundle, err := filepath.Abs("../rego")
-	if err != nil {
-		t.Fatal(err)
-	}
+	bundle := policyBundle(t)
 	cfg := config.Default()
 	cfg.RunscRoot = filepath.Join(dir, "runsc")
 	cfg.StateDir = filepath.Join(dir, "state")

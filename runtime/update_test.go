@@ -14,9 +14,9 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/policy/policytest"
 	"github.com/bulkhead-runtime/bulkhead/runtime/cri"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
-	testnode "github.com/bulkhead-runtime/bulkhead/test/node"
 )
 
 const gi = int64(1) << 30
@@ -238,12 +238,9 @@ func TestPodCreateChargesLimitPastTheAdmittedTotal(t *testing.T) {
 // deny refuses the update.
 func TestPodUpdateLimitMissingFollowsEnforcement(t *testing.T) {
 	cfg := testConfig(t)
-	// Enforcement is the bundle's own data: a copy of the default bundle
-	// whose security team made the rule deny.
-	cfg.Policy.Bundle = t.TempDir()
-	if err := testnode.EnforcingBundle(cfg.Policy.Bundle, "../rego", map[string]string{"quota.memory_limit_missing": "deny"}); err != nil {
-		t.Fatal(err)
-	}
+	// Enforcement is the bundle's own data: the test bundle whose
+	// security team made the rule deny.
+	cfg.Policy.Bundle = policyBundle(t, policytest.Enforcement(map[string]string{"quota.memory_limit_missing": "deny"}))
 	pl, err := OpenPipeline(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

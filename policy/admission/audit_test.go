@@ -2,11 +2,7 @@ package admission
 
 import (
 	"context"
-	"encoding/json"
 	"io"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -40,33 +36,13 @@ func auditPod(ns, name, runtimeClass string, annotations map[string]string) *cor
 	}
 }
 
-// openEngineWith opens the default bundle with tenants data changed by edit:
+// openEngineWith opens testBundle with its signed tenants changed by edit:
 // the next revision a security team rolls out.
 func openEngineWith(t *testing.T, edit func(tenants map[string]any)) *policy.Engine {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", "tenants.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var data map[string]any
-	if err := json.Unmarshal(b, &data); err != nil {
-		t.Fatal(err)
-	}
-	edit(data["bulkhead"].(map[string]any)["tenants"].(map[string]any))
-	path := filepath.Join(t.TempDir(), "tenants.json")
-	b, _ = json.Marshal(data)
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e, err := policy.Open(context.Background(), policy.Options{
-		BundlePath: repoPath(t, "rego"), DataPath: path, InsecureSkipVerification: true,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
-	return e
+	return openEngineOn(t, testBundle(t, func(data map[string]any) {
+		edit(data["bulkhead"].(map[string]any)["tenants"].(map[string]any))
+	}))
 }
 
 // The audit judges running pods against the bundle in force and names

@@ -2,9 +2,6 @@ package admission
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -14,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
-	"github.com/bulkhead-runtime/bulkhead/test/node"
+	"github.com/bulkhead-runtime/bulkhead/policy/policytest"
 )
 
 func memoryLimits(q string) corev1.ResourceRequirements {
@@ -97,26 +94,11 @@ func TestInputForPodLevelMemoryBounds(t *testing.T) {
 	}
 }
 
-// enforcingEngine opens a copy of the default bundle whose
-// data.bulkhead.enforcement is enforcement (the signed bundle's setting),
-// with the test tenants.
+// enforcingEngine opens testBundle with data.bulkhead.enforcement set to
+// enforcement (the signed bundle's setting), with the test tenants.
 func enforcingEngine(t *testing.T, enforcement map[string]string) *policy.Engine {
 	t.Helper()
-	dir := t.TempDir()
-	if err := node.EnforcingBundle(dir, repoPath(t, "rego"), enforcement); err != nil {
-		t.Fatal(err)
-	}
-	e, err := policy.Open(context.Background(), policy.Options{
-		BundlePath:               dir,
-		DataPath:                 filepath.Join("testdata", "tenants.json"),
-		InsecureSkipVerification: true,
-		Logger:                   slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
-	return e
+	return openEngineOn(t, testBundle(t, policytest.Enforcement(enforcement)))
 }
 
 // TestReviewUnlimitedSidecar is issue 24's attack at the webhook: a 1Mi

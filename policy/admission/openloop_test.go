@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -24,6 +25,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/bulkhead-runtime/bulkhead/policy"
+	"github.com/bulkhead-runtime/bulkhead/policy/policytest"
 )
 
 // The open-loop load test: reviews arrive as a Poisson process at a fixed
@@ -126,33 +128,21 @@ func TestOpenLoop(t *testing.T) {
 		}
 	}
 
-	// OPA gets the bundle's modules and data with the test tenants in
-	// place of the bundle's, as policy.Options.DataPath does.
-	opaDir := filepath.Join(dir, "opa")
-	if err := os.MkdirAll(opaDir, 0o755); err != nil {
+	// The webhook gets testBundle and the data file, as deployed; OPA gets
+	// the same modules and data with every test tenant in data.json, as
+	// policy.Options.DataPath merges them.
+	var signed, unsigned map[string]map[string]map[string]any
+	if err := json.Unmarshal([]byte(signedTenants), &signed); err != nil {
 		t.Fatal(err)
 	}
-	mods, _ := filepath.Glob(repoPath(t, "rego/*.rego"))
-	for _, m := range mods {
-		if strings.HasSuffix(m, "_test.rego") {
-			continue
-		}
-		b, err := os.ReadFile(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		writeFile(t, filepath.Join(opaDir, filepath.Base(m)), b)
-	}
-	var data, tenants map[string]map[string]any
-	readJSON(t, repoPath(t, "rego/data.json"), &data)
-	readJSON(t, filepath.Join("testdata", "tenants.json"), &tenants)
-	data["bulkhead"]["tenants"] = tenants["bulkhead"]["tenants"]
-	b, _ := json.Marshal(data)
-	writeFile(t, filepath.Join(opaDir, "data.json"), b)
+	readJSON(t, filepath.Join("testdata", "tenants.json"), &unsigned)
+	maps.Copy(unsigned["bulkhead"]["tenants"], signed["bulkhead"]["tenants"])
+	all, _ := json.Marshal(unsigned)
+	opaDir := policytest.BundleWithTenants(t, string(all))
 
 	whAddr, opaAddr := freePort(t), freePort(t)
 	startProcess(t, webhook, "--listen="+whAddr, "--tls-cert="+crt, "--tls-key="+key,
-		"--bundle="+repoPath(t, "rego"), "--data="+filepath.Join("testdata", "tenants.json"),
+		"--bundle="+testBundle(t), "--data="+filepath.Join("testdata", "tenants.json"),
 		"--insecure-skip-verification", "--no-usage")
 	startProcess(t, opa, "run", "--server", "--addr="+opaAddr, "--tls-cert-file="+crt, "--tls-private-key-file="+key,
 		"--log-level=error", "--disable-telemetry", opaDir)

@@ -22,6 +22,7 @@ import (
 	"github.com/bulkhead-runtime/bulkhead/mig"
 	migdra "github.com/bulkhead-runtime/bulkhead/mig/dra"
 	"github.com/bulkhead-runtime/bulkhead/mig/inject"
+	"github.com/bulkhead-runtime/bulkhead/policy/policytest"
 	"github.com/bulkhead-runtime/bulkhead/runtime"
 	"github.com/bulkhead-runtime/bulkhead/runtime/config"
 	"github.com/bulkhead-runtime/bulkhead/runtime/node"
@@ -32,7 +33,8 @@ const testNode = "gpu-node"
 // testTenants: platform (trusted: runc allowed, every profile) with a
 // quota of 4 compute slices, ml and lab (trusted, no quota to speak of;
 // lab's pod runs in gVisor) and agents
-// (untrusted: gVisor only, slices of at most 3 compute).
+// (untrusted: gVisor only, slices of at most 3 compute). They are signed
+// into the bundle (policytest): the trusted tier keeps to signed tenants.
 const testTenants = `{"bulkhead": {"tenants": {
   "platform": {"tier": "trusted",   "namespaces": ["platform"], "quota": {"sandboxes": 10, "gpu_slices": 4, "memory": "64Gi"}},
   "ml":       {"tier": "trusted",   "namespaces": ["ml"],       "quota": {"sandboxes": 10, "gpu_slices": 56, "memory": "64Gi"}},
@@ -40,25 +42,19 @@ const testTenants = `{"bulkhead": {"tenants": {
   "agents":   {"tier": "untrusted", "namespaces": ["agents"],   "quota": {"sandboxes": 10, "gpu_slices": 7, "memory": "8Gi"}}
 }}}`
 
-// testConfig is a node with the default bundle, the tenants above, two
-// mock H200s, CDI specs in a temporary directory and the fence off.
+// testConfig is a node with the default bundle and the tenants above in
+// its data, two mock H200s, CDI specs in a temporary directory and the
+// fence off.
 func testConfig(t *testing.T) config.Config {
 	t.Helper()
 	dir := t.TempDir()
-	data := filepath.Join(dir, "tenants.json")
-	if err := os.WriteFile(data, []byte(testTenants), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bundle, err := filepath.Abs("../../rego")
-	if err != nil {
-		t.Fatal(err)
-	}
+	bundle := policytest.BundleWithTenants(t, testTenants)
 	cfg := config.Default()
 	cfg.RunscRoot = filepath.Join(dir, "runsc")
 	cfg.RuncRoot = filepath.Join(dir, "runc")
 	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.LedgerPath = filepath.Join(dir, "ledger.db")
-	cfg.Policy = config.PolicyConfig{Bundle: bundle, InsecureSkipVerification: true, Data: data}
+	cfg.Policy = config.PolicyConfig{Bundle: bundle, InsecureSkipVerification: true}
 	cfg.MIG = config.MIGConfig{Backend: "mock", MockModel: "h200", MockGPUs: 2, MockState: filepath.Join(dir, "gpus.json"), CDISpecDir: filepath.Join(dir, "cdi")}
 	cfg.Netpol.Enabled = false
 	if err := cfg.Validate(); err != nil {
