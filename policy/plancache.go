@@ -3,7 +3,6 @@ package policy
 import (
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
+	"github.com/bulkhead-runtime/bulkhead/internal/nodekey"
 	"github.com/bulkhead-runtime/bulkhead/policy/irvm"
 )
 
@@ -482,62 +482,29 @@ func privateInfo(st os.FileInfo, dir bool) error {
 	return nil
 }
 
-// Bounds of the node's plan cache key (Options.PlanCacheKeyFile): the size
-// of a key the engine creates, the least and the most it reads.
-const (
-	planCacheKeySize = 32
-	planCacheMaxKey  = 4096
-)
+// planCacheKeySize is the size of a plan cache key the engine creates
+// (Options.PlanCacheKeyFile, the node key).
+const planCacheKeySize = nodekey.Size
 
-// loadPlanCacheKey returns the plan cache key at path, creating it (random
-// bytes, 0600) when it does not exist. The key is refused unless its
-// directory belongs to this process's user and nobody else may write it
-// (who may write it may replace the key), it does not lie inside cacheDir,
-// and the file belongs to this user and is closed to everyone else.
+// loadPlanCacheKey returns the plan cache key at path, creating it when it
+// does not exist, under nodekey's invariant (this user's, closed to
+// everyone else, in a directory only this user may write), and refused
+// when its directory lies inside cacheDir.
 func loadPlanCacheKey(path, cacheDir string) ([]byte, error) {
 	if path == "" {
 		return nil, errors.New("Options.PlanCacheKeyFile is not set")
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	if err := checkKeyDir(dir, cacheDir); err != nil {
-		return nil, err
-	}
-	key, err := readPlanCacheKey(path)
-	if errors.Is(err, os.ErrNotExist) {
-		if err := createPlanCacheKey(path); err != nil {
-			return nil, fmt.Errorf("create %s: %w", path, err)
-		}
-		key, err = readPlanCacheKey(path)
-	}
-	return key, err
+	return nodekey.Load(path, nodekey.Options{
+		TempPattern: ".plan-cache-key-*",
+		CheckDir:    func(dir string) error { return keyDirOutsideCache(dir, cacheDir) },
+	})
 }
 
-// checkKeyDir refuses the key's directory dir, symbolic links resolved,
-// unless it belongs to this process's user, is closed to writes from
-// anyone else, and is not cacheDir or inside it.
-func checkKeyDir(dir, cacheDir string) error {
-	resolved, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		return err
-	}
-	st, err := os.Stat(resolved)
-	if err != nil {
-		return err
-	}
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	switch {
-	case !st.IsDir():
-		return fmt.Errorf("%s: not a directory", resolved)
-	case st.Mode().Perm()&0o022 != 0:
-		return fmt.Errorf("key directory %s: mode %v: others may write it, and so replace the key", resolved, st.Mode().Perm())
-	case !ok || int(sys.Uid) != os.Geteuid():
-		return fmt.Errorf("key directory %s: not owned by uid %d", resolved, os.Geteuid())
-	}
-	if resolvedCache, err := filepath.EvalSymlinks(cacheDir); err == nil && insideDir(resolved, resolvedCache) {
-		return fmt.Errorf("key directory %s lies inside the plan cache directory %s: a writer of the cache could read or replace the key", resolved, resolvedCache)
+// keyDirOutsideCache refuses the key's directory dir (symbolic links
+// resolved) when it is cacheDir or lies inside it.
+func keyDirOutsideCache(dir, cacheDir string) error {
+	if resolvedCache, err := filepath.EvalSymlinks(cacheDir); err == nil && insideDir(dir, resolvedCache) {
+		return fmt.Errorf("key directory %s lies inside the plan cache directory %s: a writer of the cache could read or replace the key", dir, resolvedCache)
 	}
 	return nil
 }
@@ -546,46 +513,4 @@ func checkKeyDir(dir, cacheDir string) error {
 func insideDir(path, dir string) bool {
 	rel, err := filepath.Rel(dir, path)
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
-}
-
-// readPlanCacheKey reads the key file at path, refusing a symbolic link, a
-// file of another user or one open to group or others, and a size out of
-// bounds.
-func readPlanCacheKey(path string) ([]byte, error) {
-	key, err := readPrivate(path, planCacheKeySize, planCacheMaxKey)
-	if err != nil {
-		return nil, fmt.Errorf("key %s: %w", path, err)
-	}
-	return key, nil
-}
-
-// createPlanCacheKey writes a fresh random key to path unless a key is
-// there already: written whole to a temporary file first and linked into
-// place, so that a shim opening at the same time reads no key or all of
-// it, and the first of two concurrent creators wins.
-func createPlanCacheKey(path string) error {
-	key := make([]byte, planCacheKeySize)
-	if _, err := rand.Read(key); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".plan-cache-key-*") // 0600
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(key); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	return nil
 }

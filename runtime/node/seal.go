@@ -3,15 +3,13 @@ package node
 import (
 	"bytes"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
-	"syscall"
+
+	"github.com/bulkhead-runtime/bulkhead/internal/nodekey"
 )
 
 // A sandbox record is sealed: whoever may write state_dir (the plan cache
@@ -50,13 +48,6 @@ const recordKeyLabel = "bulkhead/node/sandbox-record/v1"
 const (
 	sealPrefix = `{"mac":"`
 	sealSep    = `",`
-)
-
-// Bounds of the node key: the size of a key created here (the policy
-// engine creates the same), the least and the most that is read.
-const (
-	nodeKeySize = 32
-	nodeKeyMax  = 4096
 )
 
 // seal returns the file of a record whose JSON is body.
@@ -101,118 +92,18 @@ func recordMAC(key, body []byte) []byte {
 }
 
 // loadRecordKey returns the record key derived from the node key at path,
-// creating the node key (random bytes, 0600) when it does not exist yet, as
-// the policy engine does for its plan cache. The key is refused unless its
-// directory belongs to this process's user and nobody else may write it
-// (who may write it may replace the key), and the file belongs to this
-// user, is closed to everyone else and is no symbolic link.
+// creating the node key when it does not exist yet, as the policy engine
+// does for its plan cache; nodekey refuses a key that others may read or
+// replace.
 func loadRecordKey(path string) ([]byte, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("node key %q: must be an absolute path (policy.plan_cache_key, or beside ledger_path)", path)
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("node key %s: %w", path, err)
-	}
-	if err := checkKeyDir(dir); err != nil {
-		return nil, fmt.Errorf("node key %s: %w", path, err)
-	}
-	key, err := readNodeKey(path)
-	if errors.Is(err, os.ErrNotExist) {
-		if err := createNodeKey(path); err != nil {
-			return nil, fmt.Errorf("node key %s: create: %w", path, err)
-		}
-		key, err = readNodeKey(path)
-	}
+	key, err := nodekey.Load(path, nodekey.Options{TempPattern: ".node-key-*"})
 	if err != nil {
-		return nil, fmt.Errorf("node key %s: %w", path, err)
+		return nil, err
 	}
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(recordKeyLabel))
 	return m.Sum(nil), nil
-}
-
-// checkKeyDir refuses the key's directory dir, symbolic links resolved,
-// unless it belongs to this process's user and is closed to writes from
-// anyone else.
-func checkKeyDir(dir string) error {
-	resolved, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		return err
-	}
-	st, err := os.Stat(resolved)
-	if err != nil {
-		return err
-	}
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	switch {
-	case !st.IsDir():
-		return fmt.Errorf("%s: not a directory", resolved)
-	case st.Mode().Perm()&0o022 != 0:
-		return fmt.Errorf("directory %s: mode %v: others may write it, and so replace the key", resolved, st.Mode().Perm())
-	case !ok || int(sys.Uid) != os.Geteuid():
-		return fmt.Errorf("directory %s: not owned by uid %d", resolved, os.Geteuid())
-	}
-	return nil
-}
-
-// readNodeKey reads the key file at path, refusing a symbolic link, a file
-// of another user or one open to group or others, and a size out of bounds.
-func readNodeKey(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	switch {
-	case !st.Mode().IsRegular():
-		return nil, errors.New("not a regular file")
-	case st.Mode().Perm()&0o077 != 0:
-		return nil, fmt.Errorf("mode %v: must be closed to group and others (0600)", st.Mode().Perm())
-	case !ok || int(sys.Uid) != os.Geteuid():
-		return nil, fmt.Errorf("not owned by uid %d", os.Geteuid())
-	case st.Size() < nodeKeySize || st.Size() > nodeKeyMax:
-		return nil, fmt.Errorf("%d bytes, want %d to %d", st.Size(), nodeKeySize, nodeKeyMax)
-	}
-	key := make([]byte, st.Size())
-	if _, err := io.ReadFull(f, key); err != nil {
-		return nil, err
-	}
-	return key, nil
-}
-
-// createNodeKey writes a fresh random key to path unless a key is there
-// already: written whole to a temporary file first and linked into place,
-// so that a reader (a shim's policy engine) reads no key or all of it, and
-// the first of two concurrent creators wins.
-func createNodeKey(path string) error {
-	key := make([]byte, nodeKeySize)
-	if _, err := rand.Read(key); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".node-key-*") // 0600
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(key); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	return nil
 }
