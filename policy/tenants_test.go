@@ -94,15 +94,7 @@ func TestDataFileStaysWithinSignedTenantsAndTiers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := openWithDataFile(t, bundle, tc.tenants)
-			if tc.want == "" {
-				if err != nil {
-					t.Fatalf("Open: %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Open = %v\nwant an error containing %s", err, tc.want)
-			}
+			checkOpenErr(t, err, tc.want)
 		})
 	}
 }
@@ -213,15 +205,7 @@ func TestDataFileTierNeedsSignedConsent(t *testing.T) {
 					e.Close()
 				}
 			}
-			if tc.want == "" {
-				if err != nil {
-					t.Fatalf("Open: %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Open = %v\nwant an error containing %s", err, tc.want)
-			}
+			checkOpenErr(t, err, tc.want)
 		})
 	}
 }
@@ -374,4 +358,19 @@ func FuzzMergeData(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkOpenErr fails t unless err is nil when want is "", or an error
+// containing want otherwise.
+func checkOpenErr(t *testing.T, err error, want string) {
+	t.Helper()
+	if want == "" {
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		return
+	}
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Open = %v\nwant an error containing %s", err, want)
+	}
 }
